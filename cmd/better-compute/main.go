@@ -25,5 +25,6 @@ func newRoot() *cobra.Command {
 		Args:  cli.NoArgs,
 	}
 	root.AddCommand(newVersionCmd(), newPKICmd())
+	root.AddCommand(newServeCmd(), newTokensCmd(), newSitesCmd(), newNodesCmd(), newCommandsCmd())
 	return root
 }

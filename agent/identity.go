@@ -1,0 +1,280 @@
+package agent
+
+import (
+	"bytes"
+	"crypto/ecdsa"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/better-compute/bcd/pki"
+	"github.com/better-compute/bcd/protocol"
+)
+
+// Files of an identity under data_dir.
+const (
+	KeyFile      = "node.key"
+	IdentityFile = "identity.json"
+)
+
+// identityVersion is the format of identity.json. A reader takes files of this
+// version only, so a future format is refused instead of half understood.
+const identityVersion = 1
+
+// MaxIdentitySize bounds identity.json: a chain and a trust bundle of a few
+// certificates each fit many times over.
+const MaxIdentitySize = 256 << 10
+
+const maxKeySize = 16 << 10
+
+// ErrNotJoined means data_dir holds no identity.json: the machine never joined, or
+// its identity was moved aside by bcd join --reset.
+var ErrNotJoined = errors.New("not joined")
+
+// Identity is who this machine is to the control plane, as bcd join stored it.
+type Identity struct {
+	// Version is the identity.json format, 1.
+	Version int `json:"version"`
+	// NodeID names the node; Role is node, site or ramdisk.
+	NodeID string `json:"node_id"`
+	Role   string `json:"role"`
+	// Site and Pool are where the join placed the node.
+	Site string `json:"site,omitempty"`
+	Pool string `json:"pool,omitempty"`
+	// SPIFFEID is the leaf certificate's URI SAN, spiffe://<td>/<role>/<node>.
+	SPIFFEID string `json:"spiffe_id"`
+	// CertChain is the node certificate chain in PEM, leaf first.
+	CertChain string `json:"cert_chain"`
+	// TrustBundle is the node CA and the serving CA in PEM.
+	TrustBundle string `json:"trust_bundle"`
+	// GatewayURL and ServerName are the gateway the node joined through.
+	GatewayURL string `json:"gateway_url"`
+	ServerName string `json:"server_name,omitempty"`
+	// JoinedAt is when the join answered.
+	JoinedAt time.Time `json:"joined_at"`
+
+	key    *ecdsa.PrivateKey
+	chain  []*x509.Certificate
+	bundle []*x509.Certificate
+}
+
+// Key is the node's private key (nil for an identity that was only decoded).
+func (id *Identity) Key() *ecdsa.PrivateKey { return id.key }
+
+// Leaf is the node certificate.
+func (id *Identity) Leaf() *x509.Certificate { return id.chain[0] }
+
+// Chain is the certificate chain, leaf first.
+func (id *Identity) Chain() []*x509.Certificate { return id.chain }
+
+// TrustBundleCerts are the certificates the join returned as the trust bundle.
+func (id *Identity) TrustBundleCerts() []*x509.Certificate { return id.bundle }
+
+// TLSCertificate is the node certificate and key for mutual TLS.
+func (id *Identity) TLSCertificate() tls.Certificate {
+	c := tls.Certificate{PrivateKey: id.key, Leaf: id.chain[0]}
+	for _, cert := range id.chain {
+		c.Certificate = append(c.Certificate, cert.Raw)
+	}
+	return c
+}
+
+// DecodeIdentity parses identity.json and checks that it is consistent: the chain
+// parses, its leaf carries the SPIFFE id, and that id names the node and role. It
+// reads no key; LoadIdentity does.
+func DecodeIdentity(data []byte) (*Identity, error) {
+	if len(data) > MaxIdentitySize {
+		return nil, fmt.Errorf("%s is %d bytes, over the %d-byte limit", IdentityFile, len(data), MaxIdentitySize)
+	}
+	var id Identity
+	if err := json.Unmarshal(data, &id); err != nil {
+		return nil, fmt.Errorf("%s is not valid JSON: %w", IdentityFile, err)
+	}
+	if id.Version != identityVersion {
+		return nil, fmt.Errorf("%s has version %d; this bcd reads version %d", IdentityFile, id.Version, identityVersion)
+	}
+	if err := id.check(); err != nil {
+		return nil, fmt.Errorf("%s: %w", IdentityFile, err)
+	}
+	return &id, nil
+}
+
+func (id *Identity) check() error {
+	if !protocol.ValidNodeID(id.NodeID) {
+		return fmt.Errorf("node_id %q is not a node id", id.NodeID)
+	}
+	if !protocol.ValidRole(id.Role) {
+		return fmt.Errorf("role %q is not node, site or ramdisk", id.Role)
+	}
+	chain, err := parseCerts(id.CertChain)
+	if err != nil {
+		return fmt.Errorf("cert_chain: %w", err)
+	}
+	bundle, err := parseCerts(id.TrustBundle)
+	if err != nil {
+		return fmt.Errorf("trust_bundle: %w", err)
+	}
+	if err := CheckLeafIdentity(chain[0], id.SPIFFEID, id.Role, id.NodeID); err != nil {
+		return err
+	}
+	id.chain, id.bundle = chain, bundle
+	return nil
+}
+
+// CheckLeafIdentity checks that leaf carries exactly one URI SAN, spiffeID, and that
+// it names role and nodeID.
+func CheckLeafIdentity(leaf *x509.Certificate, spiffeID, role, nodeID string) error {
+	if len(leaf.URIs) != 1 {
+		return fmt.Errorf("the node certificate has %d URI names, want one SPIFFE id", len(leaf.URIs))
+	}
+	got := leaf.URIs[0].String()
+	if got != spiffeID {
+		return fmt.Errorf("the node certificate is for %s, not %s", got, spiffeID)
+	}
+	_, r, n, err := pki.ParseSPIFFEID(got)
+	if err != nil {
+		return err
+	}
+	if r != role || n != nodeID {
+		return fmt.Errorf("the node certificate names %s %s, not %s %s", r, n, role, nodeID)
+	}
+	return nil
+}
+
+// parseCerts reads one or more CERTIFICATE PEM blocks and nothing else.
+func parseCerts(s string) ([]*x509.Certificate, error) {
+	var certs []*x509.Certificate
+	rest := []byte(s)
+	for {
+		var b *pem.Block
+		b, rest = pem.Decode(rest)
+		if b == nil {
+			break
+		}
+		if b.Type != "CERTIFICATE" {
+			return nil, fmt.Errorf("PEM block %q, want CERTIFICATE", b.Type)
+		}
+		c, err := x509.ParseCertificate(b.Bytes)
+		if err != nil {
+			return nil, err
+		}
+		certs = append(certs, c)
+	}
+	if len(bytes.TrimSpace(rest)) != 0 {
+		return nil, errors.New("data that is not PEM after the certificates")
+	}
+	if len(certs) == 0 {
+		return nil, errors.New("no certificate")
+	}
+	return certs, nil
+}
+
+// EncodeCerts renders certificates as concatenated PEM.
+func EncodeCerts(certs []*x509.Certificate) string {
+	var b bytes.Buffer
+	for _, c := range certs {
+		_ = pem.Encode(&b, &pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})
+	}
+	return b.String()
+}
+
+// LoadIdentity reads node.key and identity.json from dataDir and checks that the key
+// is the one the leaf certifies. A data_dir without identity.json gives an error
+// wrapping ErrNotJoined.
+func LoadIdentity(dataDir string) (*Identity, error) {
+	path := filepath.Join(dataDir, IdentityFile)
+	data, err := readLimited(path, MaxIdentitySize, false)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%s: %w (no %s)", dataDir, ErrNotJoined, IdentityFile)
+	}
+	if err != nil {
+		return nil, err
+	}
+	id, err := DecodeIdentity(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", dataDir, err)
+	}
+	keyPath := filepath.Join(dataDir, KeyFile)
+	keyPEM, err := readLimited(keyPath, maxKeySize, true)
+	if err != nil {
+		return nil, err
+	}
+	key, err := pki.ParsePKCS8PEM(keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", keyPath, err)
+	}
+	if !key.PublicKey.Equal(id.Leaf().PublicKey) {
+		return nil, fmt.Errorf("%s is not the key the node certificate in %s certifies", keyPath, path)
+	}
+	id.key = key
+	return id, nil
+}
+
+// SaveIdentity writes node.key and identity.json into dataDir (created 0700), both
+// 0600 and each atomically. The key goes first: a crash between the two leaves an
+// identity that does not load (the key does not match), never a certificate whose
+// key is lost.
+func SaveIdentity(dataDir string, id *Identity, key *ecdsa.PrivateKey) error {
+	id.Version = identityVersion
+	if err := id.check(); err != nil {
+		return fmt.Errorf("save identity: %w", err)
+	}
+	if !key.PublicKey.Equal(id.Leaf().PublicKey) {
+		return errors.New("save identity: the key is not the one the node certificate certifies")
+	}
+	data, err := json.MarshalIndent(id, "", "  ")
+	if err != nil {
+		return fmt.Errorf("save identity: %w", err)
+	}
+	keyPEM, err := pki.MarshalPKCS8PEM(key)
+	if err != nil {
+		return fmt.Errorf("save identity: %w", err)
+	}
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		return fmt.Errorf("save identity: %w", err)
+	}
+	if err := pki.WriteFileAtomic(filepath.Join(dataDir, KeyFile), keyPEM, 0o600); err != nil {
+		return fmt.Errorf("save identity: %w", err)
+	}
+	if err := pki.WriteFileAtomic(filepath.Join(dataDir, IdentityFile), append(data, '\n'), 0o600); err != nil {
+		return fmt.Errorf("save identity: %w", err)
+	}
+	id.key = key
+	return nil
+}
+
+// readLimited reads a regular file of at most limit bytes. private refuses a file
+// group or others can access: a key that has been readable is treated as leaked.
+func readLimited(path string, limit int64, private bool) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file", path)
+	}
+	if private && fi.Mode().Perm()&0o077 != 0 {
+		return nil, fmt.Errorf("%s has mode %04o: group or others can access the node key; want 0600", path, fi.Mode().Perm())
+	}
+	data, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	if int64(len(data)) > limit {
+		return nil, fmt.Errorf("%s is over the %d-byte limit", path, limit)
+	}
+	return data, nil
+}

@@ -1,0 +1,381 @@
+package join
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/x509"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/better-compute/bcd/agent"
+	"github.com/better-compute/bcd/internal/version"
+	"github.com/better-compute/bcd/pki"
+	"github.com/better-compute/bcd/protocol"
+)
+
+// Defaults of Client's tunables.
+const (
+	DefaultGiveUpAfter = 10 * time.Minute
+	DefaultMaxDeferral = 5 * time.Minute
+	// maxResponseSize bounds a join response: a JWS is at most pki.MaxJWSSize.
+	maxResponseSize = pki.MaxJWSSize + 64<<10
+	requestTimeout  = 60 * time.Second
+)
+
+// Request is what a join asks for.
+type Request struct {
+	// Role is node, site or ramdisk.
+	Role string
+	// Attestor is protocol.AttestorJoinToken, AttestorProvisioned or
+	// AttestorDiscovery.
+	Attestor string
+	// Token is the join token (join-token and provisioned). It is only ever
+	// sealed, never sent or logged in the clear.
+	Token string
+	// NodeID is the node a provisioned join claims.
+	NodeID string
+	// BootNonce is the discovery nonce.
+	BootNonce string
+	// Site is config.toml's site; a token for another site is refused.
+	Site string
+	// Claims describe the hardware.
+	Claims protocol.Claims
+}
+
+// RefusedError is a join the control plane refused and that retrying will not fix.
+type RefusedError struct {
+	// Status is the HTTP status.
+	Status int
+	// Response is the gateway's error body.
+	Response protocol.ErrorResponse
+}
+
+func (e *RefusedError) Error() string {
+	return fmt.Sprintf("the control plane refused the join: %s: %s", e.Response.Code, e.Response.Message)
+}
+
+// Client joins through one gateway. The zero value of each tunable is the daemon's
+// default; tests shorten them.
+type Client struct {
+	// GatewayURL is gateway_url; ServerName the name its certificate must carry.
+	GatewayURL, ServerName string
+	// Pins are the three pins from the install.
+	Pins pki.Pins
+	// EncryptionKey is the join encryption key; the caller has checked it against
+	// Pins.JoinEncryption (pki.JWKMatchesPin), and Join checks again.
+	EncryptionKey *ecdsa.PublicKey
+	// Backoff spaces retries after a retryable error.
+	Backoff agent.Backoff
+	// GiveUpAfter ends retrying after this long without an answer that is not a
+	// retryable error; 0 means DefaultGiveUpAfter.
+	GiveUpAfter time.Duration
+	// MaxDeferral caps the wait a deferral asks for; 0 means DefaultMaxDeferral.
+	MaxDeferral time.Duration
+	// Logger receives retries and deferrals; nil discards them.
+	Logger *slog.Logger
+}
+
+func (c *Client) log() *slog.Logger {
+	if c.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return c.Logger
+}
+
+// Join makes a key and CSR and runs the join to its end: a verified identity (not
+// yet saved), a refusal, or an error after retries.
+func (c *Client) Join(ctx context.Context, req Request) (*agent.Identity, *ecdsa.PrivateKey, error) {
+	if err := pki.MatchPin(c.Pins.JoinEncryption, c.EncryptionKey); err != nil {
+		return nil, nil, fmt.Errorf("refusing to seal the token: the join encryption key does not match join_encryption_key_pin: %w", err)
+	}
+	tlsCfg, err := agent.PinnedTLSConfig(c.Pins.ServingCA, c.ServerName)
+	if err != nil {
+		return nil, nil, err
+	}
+	client := &http.Client{
+		Timeout:   requestTimeout,
+		Transport: &http.Transport{TLSClientConfig: tlsCfg, TLSHandshakeTimeout: 15 * time.Second},
+		// A join answers itself; a redirect would take the request somewhere
+		// the pin was not meant for.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+	defer client.CloseIdleConnections()
+
+	key, csrPEM, err := pki.NewKeyAndCSR()
+	if err != nil {
+		return nil, nil, err
+	}
+	blk, _ := pem.Decode(csrPEM)
+	if blk == nil {
+		return nil, nil, errors.New("join: the CSR does not encode")
+	}
+	csrSHA := pki.CSRSHA256(blk.Bytes)
+
+	giveUp := c.GiveUpAfter
+	if giveUp <= 0 {
+		giveUp = DefaultGiveUpAfter
+	}
+	maxDefer := c.MaxDeferral
+	if maxDefer <= 0 {
+		maxDefer = DefaultMaxDeferral
+	}
+	failingSince := time.Time{}
+	attempt := 0
+	for {
+		// Sealed afresh for each attempt so its iat is current; the CSR stays
+		// the same, so a deferred join picks up where it was approved.
+		body, err := c.request(req, string(csrPEM), csrSHA)
+		if err != nil {
+			return nil, nil, err
+		}
+		resp, err := c.post(ctx, client, body)
+		var retry *retryableError
+		switch {
+		case err == nil && resp.Signed == "" && resp.RetryAfterS > 0:
+			failingSince, attempt = time.Time{}, 0
+			d := time.Duration(resp.RetryAfterS) * time.Second
+			if d > maxDefer {
+				d = maxDefer
+			}
+			c.log().Info("the control plane deferred the join; asking again with the same CSR", "retry_in", d.String())
+			if !agent.Sleep(ctx, d) {
+				return nil, nil, ctx.Err()
+			}
+			continue
+		case err == nil:
+			id, err := c.verify(resp, req, key, csrSHA)
+			if err != nil {
+				return nil, nil, fmt.Errorf("refusing the join response: %w", err)
+			}
+			return id, key, nil
+		case errors.As(err, &retry):
+			if failingSince.IsZero() {
+				failingSince = time.Now()
+			}
+			if time.Since(failingSince) >= giveUp {
+				return nil, nil, fmt.Errorf("giving up after %s of retries: %w", giveUp, retry.err)
+			}
+			d := c.Backoff.Delay(attempt)
+			attempt++
+			c.log().Warn("join failed; retrying", "error", retry.err.Error(), "retry_in", d.Round(time.Millisecond).String())
+			if !agent.Sleep(ctx, d) {
+				return nil, nil, fmt.Errorf("%w (last error: %v)", ctx.Err(), retry.err)
+			}
+		default:
+			return nil, nil, err
+		}
+	}
+}
+
+func (c *Client) request(req Request, csrPEM, csrSHA string) ([]byte, error) {
+	jr := protocol.JoinRequest{
+		ProtocolVersion: protocol.Version,
+		CSR:             csrPEM,
+		Role:            req.Role,
+		Attestor:        req.Attestor,
+		Claims:          req.Claims,
+		NodeID:          req.NodeID,
+		BootNonce:       req.BootNonce,
+		Site:            req.Site,
+		DaemonVersion:   version.Version,
+	}
+	if req.Token != "" {
+		plain, err := json.Marshal(protocol.SealedToken{Token: req.Token, CSRSHA256: csrSHA, IssuedAt: time.Now().Unix()})
+		if err != nil {
+			return nil, fmt.Errorf("join: seal the token: %w", err)
+		}
+		jr.SealedToken, err = pki.Seal(c.EncryptionKey, plain)
+		if err != nil {
+			return nil, fmt.Errorf("join: %w", err)
+		}
+	}
+	return json.Marshal(jr)
+}
+
+type retryableError struct{ err error }
+
+func (e *retryableError) Error() string { return e.err.Error() }
+func (e *retryableError) Unwrap() error { return e.err }
+
+// post sends one join request. Network trouble and a busy control plane are
+// retryable; a certificate that fails the pin and a refusal are not.
+func (c *Client) post(ctx context.Context, client *http.Client, body []byte) (*protocol.JoinResponse, error) {
+	url := strings.TrimRight(c.GatewayURL, "/") + protocol.PathJoin
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return nil, fmt.Errorf("join: %w", err)
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	resp, err := client.Do(hreq)
+	if err != nil {
+		var te *agent.TrustError
+		if errors.As(err, &te) {
+			return nil, fmt.Errorf("refusing to join through %s: %w", c.GatewayURL, te)
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, &retryableError{fmt.Errorf("POST %s: %w", url, err)}
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseSize+1))
+	if err != nil {
+		return nil, &retryableError{fmt.Errorf("POST %s: reading the answer: %w", url, err)}
+	}
+	if len(data) > maxResponseSize {
+		return nil, fmt.Errorf("POST %s: the answer is over %d bytes", url, maxResponseSize)
+	}
+	if resp.StatusCode != http.StatusOK {
+		var e protocol.ErrorResponse
+		parsed := json.Unmarshal(data, &e) == nil && e.Code != ""
+		busy := resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusTooManyRequests ||
+			resp.StatusCode == http.StatusBadGateway || resp.StatusCode == http.StatusGatewayTimeout
+		switch {
+		case parsed && (e.Retryable || busy):
+			return nil, &retryableError{fmt.Errorf("HTTP %d: %w", resp.StatusCode, &e)}
+		case parsed:
+			return nil, &RefusedError{Status: resp.StatusCode, Response: e}
+		case busy || resp.StatusCode >= 500:
+			return nil, &retryableError{fmt.Errorf("POST %s: HTTP %d", url, resp.StatusCode)}
+		}
+		return nil, fmt.Errorf("POST %s: HTTP %d without an error body (is gateway_url the gateway?)", url, resp.StatusCode)
+	}
+	var jr protocol.JoinResponse
+	if err := json.Unmarshal(data, &jr); err != nil {
+		return nil, fmt.Errorf("POST %s: the answer is not a join response: %w", url, err)
+	}
+	return &jr, nil
+}
+
+// verify checks the signed result under the pinned signing key and that it is ours.
+func (c *Client) verify(resp *protocol.JoinResponse, req Request, key *ecdsa.PrivateKey, csrSHA string) (*agent.Identity, error) {
+	if resp.Signed == "" {
+		return nil, errors.New("the answer carries neither a signed result nor a deferral")
+	}
+	var payload []byte
+	if resp.SigningKey != "" {
+		pub, err := parsePublicKeyPEM(resp.SigningKey)
+		if err != nil {
+			return nil, fmt.Errorf("signing_key: %w", err)
+		}
+		if err := pki.MatchPin(c.Pins.JoinSigning, pub); err != nil {
+			return nil, fmt.Errorf("the join signing key the gateway sent is not the one join_signing_key_pin names: %w", err)
+		}
+		if payload, err = pki.Verify(pub, protocol.PurposeJoinResponse, resp.Signed); err != nil {
+			return nil, err
+		}
+	} else {
+		var err error
+		if payload, _, err = pki.VerifyPinned(c.Pins.JoinSigning, protocol.PurposeJoinResponse, resp.Signed); err != nil {
+			return nil, err
+		}
+	}
+	var res protocol.JoinResult
+	if err := json.Unmarshal(payload, &res); err != nil {
+		return nil, fmt.Errorf("the signed result does not decode: %w", err)
+	}
+	switch {
+	case res.CSRSHA256 != csrSHA:
+		return nil, errors.New("the signed result is for another CSR")
+	case res.Role != req.Role:
+		return nil, fmt.Errorf("the signed result is for role %q, not %q", res.Role, req.Role)
+	case !protocol.ValidNodeID(res.NodeID):
+		return nil, fmt.Errorf("the signed result names node %q, not a node id", res.NodeID)
+	case req.NodeID != "" && res.NodeID != req.NodeID:
+		return nil, fmt.Errorf("the signed result is for node %s, not %s", res.NodeID, req.NodeID)
+	}
+	chain, err := parsePEMList(res.CertChain)
+	if err != nil {
+		return nil, fmt.Errorf("cert_chain: %w", err)
+	}
+	bundle, err := parsePEMList(res.TrustBundle)
+	if err != nil {
+		return nil, fmt.Errorf("trust_bundle: %w", err)
+	}
+	leaf := chain[0]
+	if !key.PublicKey.Equal(leaf.PublicKey) {
+		return nil, errors.New("the node certificate does not certify this node's key")
+	}
+	if err := agent.CheckLeafIdentity(leaf, res.SPIFFEID, res.Role, res.NodeID); err != nil {
+		return nil, err
+	}
+	roots, inter := x509.NewCertPool(), x509.NewCertPool()
+	for _, b := range bundle {
+		roots.AddCert(b)
+	}
+	for _, cert := range chain[1:] {
+		inter.AddCert(cert)
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		return nil, fmt.Errorf("the node certificate does not verify to the trust bundle: %w", err)
+	}
+	return &agent.Identity{
+		NodeID:      res.NodeID,
+		Role:        res.Role,
+		Site:        res.Site,
+		Pool:        res.Pool,
+		SPIFFEID:    res.SPIFFEID,
+		CertChain:   agent.EncodeCerts(chain),
+		TrustBundle: agent.EncodeCerts(bundle),
+		GatewayURL:  c.GatewayURL,
+		ServerName:  c.ServerName,
+		JoinedAt:    time.Now().UTC(),
+	}, nil
+}
+
+func parsePublicKeyPEM(s string) (*ecdsa.PublicKey, error) {
+	b, _ := pem.Decode([]byte(s))
+	if b == nil || b.Type != "PUBLIC KEY" {
+		return nil, errors.New("not a PUBLIC KEY PEM block")
+	}
+	k, err := x509.ParsePKIXPublicKey(b.Bytes)
+	if err != nil {
+		return nil, err
+	}
+	ec, ok := k.(*ecdsa.PublicKey)
+	if !ok {
+		return nil, fmt.Errorf("a %T, want an ECDSA key", k)
+	}
+	return ec, nil
+}
+
+// parsePEMList reads certificates from a list of PEM strings, each holding one or
+// more CERTIFICATE blocks.
+func parsePEMList(list []string) ([]*x509.Certificate, error) {
+	var certs []*x509.Certificate
+	for i, s := range list {
+		rest := []byte(s)
+		n := 0
+		for {
+			var b *pem.Block
+			b, rest = pem.Decode(rest)
+			if b == nil {
+				break
+			}
+			if b.Type != "CERTIFICATE" {
+				return nil, fmt.Errorf("entry %d: PEM block %q, want CERTIFICATE", i, b.Type)
+			}
+			cert, err := x509.ParseCertificate(b.Bytes)
+			if err != nil {
+				return nil, fmt.Errorf("entry %d: %w", i, err)
+			}
+			certs = append(certs, cert)
+			n++
+		}
+		if n == 0 || len(bytes.TrimSpace(rest)) != 0 {
+			return nil, fmt.Errorf("entry %d is not PEM certificates", i)
+		}
+	}
+	if len(certs) == 0 {
+		return nil, errors.New("no certificate")
+	}
+	return certs, nil
+}

@@ -1,0 +1,17 @@
+// Package journal is the agent's small durable store, a bbolt file under data_dir
+// (journal.db, or [journal] path). It holds three things:
+//
+//   - the node id it belongs to, so that a journal left by another identity is never
+//     replayed under this one ("the journal belongs to node <old>, not <new>");
+//   - the statuses and events not yet acknowledged by the gateway, in sequence order,
+//     so that a session can replay them after a reconnect or a restart;
+//   - small state that must survive a restart, such as a pending node.reboot.
+//
+// The entries are bounded by [journal] max_entries: when the journal is full the
+// oldest event goes first, and only when no event is left the oldest status, since a
+// command's final status is what the control plane waits for.
+//
+// A journal that does not open (a torn or foreign file) is moved aside as
+// journal.db.corrupt-<unix time> and a new one starts: the agent must come up, and
+// what was lost is at worst a replay the gateway can ask for again.
+package journal

@@ -1,0 +1,408 @@
+package journal
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+
+	"github.com/better-compute/bcd/protocol"
+)
+
+// FileName is the journal's name under data_dir when [journal] path is not set.
+const FileName = "journal.db"
+
+// DefaultMaxEntries bounds the unacknowledged entries when Options leaves it 0; it is
+// config.DefaultJournalEntries.
+const DefaultMaxEntries = 10000
+
+// Entry types: the frame type each entry is sent as.
+const (
+	TypeStatus = protocol.FrameStatus
+	TypeEvent  = protocol.FrameEvent
+)
+
+var (
+	bucketMeta   = []byte("meta")
+	bucketOutbox = []byte("outbox")
+	bucketState  = []byte("state")
+	keyNodeID    = []byte("node_id")
+	keyNextSeq   = []byte("next_seq")
+)
+
+// Entry is one unacknowledged status or event.
+type Entry struct {
+	// Seq is the journal sequence number, also inside Data.
+	Seq uint64
+	// Type is TypeStatus or TypeEvent: the frame type to send Data as.
+	Type string
+	// Data is the protocol.Status or protocol.Event, Seq included.
+	Data json.RawMessage
+}
+
+type storedEntry struct {
+	Type string          `json:"type"`
+	Data json.RawMessage `json:"data"`
+}
+
+// ForeignError is returned by Open for a journal another node wrote.
+type ForeignError struct {
+	// Owner is the node the journal belongs to; Want the node that opened it.
+	Owner, Want string
+}
+
+func (e *ForeignError) Error() string {
+	return fmt.Sprintf("the journal belongs to node %s, not %s", e.Owner, e.Want)
+}
+
+// Options tune Open. The zero value is the daemon's default.
+type Options struct {
+	// MaxEntries bounds the unacknowledged entries; 0 means DefaultMaxEntries.
+	MaxEntries int
+	// LockTimeout is how long Open waits for another process holding the file
+	// (another bcd node); 0 means 2 seconds.
+	LockTimeout time.Duration
+	// Logger receives the warnings: a corrupt file moved aside, entries dropped.
+	// nil discards them.
+	Logger *slog.Logger
+	// Now stamps the name of a corrupt file moved aside; nil means time.Now.
+	Now func() time.Time
+}
+
+// Journal is an open journal. Its methods are safe for concurrent use.
+type Journal struct {
+	db     *bolt.DB
+	path   string
+	nodeID string
+	max    int
+	log    *slog.Logger
+	// count is the number of entries in the outbox. One process holds the file
+	// (bbolt's flock), so it is kept here instead of being counted per append.
+	count atomic.Int64
+}
+
+// Open opens (or creates) the journal at path for nodeID. A journal of another node
+// is refused with a *ForeignError; a file that is not a journal is moved aside as
+// <path>.corrupt-<unix time> and a new journal starts.
+func Open(path, nodeID string, opts Options) (*Journal, error) {
+	if !protocol.ValidNodeID(nodeID) {
+		return nil, fmt.Errorf("journal: node id %q is not valid", nodeID)
+	}
+	if opts.MaxEntries <= 0 {
+		opts.MaxEntries = DefaultMaxEntries
+	}
+	if opts.LockTimeout <= 0 {
+		opts.LockTimeout = 2 * time.Second
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("journal: %w", err)
+	}
+	j := &Journal{path: path, nodeID: nodeID, max: opts.MaxEntries, log: opts.Logger}
+	err := j.open(opts.LockTimeout)
+	if err != nil && isCorrupt(err) {
+		aside := path + ".corrupt-" + strconv.FormatInt(opts.Now().Unix(), 10)
+		if rerr := os.Rename(path, aside); rerr != nil {
+			return nil, fmt.Errorf("journal %s does not open (%v) and cannot be moved aside: %w", path, err, rerr)
+		}
+		opts.Logger.Warn("the journal did not open; moved it aside and started a new one",
+			"path", path, "moved_to", aside, "error", err.Error())
+		err = j.open(opts.LockTimeout)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return j, nil
+}
+
+// open opens the file and claims or checks its owner. Any error that is not about
+// the file's content (a lock held, permissions, a full disk) is an *os.PathError or
+// errno and is returned as is, so that only a damaged file is moved aside.
+func (j *Journal) open(timeout time.Duration) (err error) {
+	db, err := bolt.Open(j.path, 0o600, &bolt.Options{Timeout: timeout})
+	if err != nil {
+		if errors.Is(err, berrors.ErrTimeout) {
+			return fmt.Errorf("journal %s is locked by another process (is bcd already running?): %w", j.path, err)
+		}
+		return fmt.Errorf("journal %s: %w", j.path, err)
+	}
+	defer func() {
+		// A damaged page can make bbolt panic on first read; that is a
+		// corrupt file, not a crash of the agent.
+		if r := recover(); r != nil {
+			err = &corruptError{fmt.Errorf("journal %s: reading it panicked: %v", j.path, r)}
+		}
+		if err != nil {
+			db.Close()
+		}
+	}()
+	err = db.Update(func(tx *bolt.Tx) error {
+		for _, name := range [][]byte{bucketMeta, bucketOutbox, bucketState} {
+			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
+				return &corruptError{err}
+			}
+		}
+		meta := tx.Bucket(bucketMeta)
+		switch owner := string(meta.Get(keyNodeID)); owner {
+		case "":
+			if err := meta.Put(keyNodeID, []byte(j.nodeID)); err != nil {
+				return err
+			}
+		case j.nodeID:
+		default:
+			return &ForeignError{Owner: owner, Want: j.nodeID}
+		}
+		j.count.Store(int64(tx.Bucket(bucketOutbox).Stats().KeyN))
+		return nil
+	})
+	if err != nil {
+		var fe *ForeignError
+		if errors.As(err, &fe) {
+			return err
+		}
+		return fmt.Errorf("journal %s: %w", j.path, err)
+	}
+	j.db = db
+	return nil
+}
+
+type corruptError struct{ err error }
+
+func (e *corruptError) Error() string { return e.err.Error() }
+func (e *corruptError) Unwrap() error { return e.err }
+
+// isCorrupt tells a file whose content is damaged from one that cannot be reached
+// (permissions, a lock, a read-only or full disk): only the first may be moved aside.
+func isCorrupt(err error) bool {
+	var ce *corruptError
+	if errors.As(err, &ce) {
+		return true
+	}
+	var fe *ForeignError
+	var pe *fs.PathError
+	var errno syscall.Errno
+	switch {
+	case errors.As(err, &fe), errors.Is(err, berrors.ErrTimeout):
+		return false
+	case errors.As(err, &pe), errors.As(err, &errno):
+		return false
+	}
+	return true
+}
+
+// Path is the journal's file.
+func (j *Journal) Path() string { return j.path }
+
+// NodeID is the node the journal belongs to.
+func (j *Journal) NodeID() string { return j.nodeID }
+
+// Close closes the file.
+func (j *Journal) Close() error { return j.db.Close() }
+
+// Owner reads the node id recorded in the journal at path without claiming it. It
+// returns an error wrapping fs.ErrNotExist when there is no journal.
+func Owner(path string) (string, error) {
+	if _, err := os.Stat(path); err != nil {
+		return "", fmt.Errorf("journal: %w", err)
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: 2 * time.Second})
+	if err != nil {
+		return "", fmt.Errorf("journal %s: %w", path, err)
+	}
+	defer db.Close()
+	var owner string
+	err = db.View(func(tx *bolt.Tx) error {
+		if b := tx.Bucket(bucketMeta); b != nil {
+			owner = string(b.Get(keyNodeID))
+		}
+		return nil
+	})
+	return owner, err
+}
+
+func seqKey(seq uint64) []byte { return binary.BigEndian.AppendUint64(nil, seq) }
+
+// AppendStatus stores st under the next sequence number and returns it with Seq set.
+func (j *Journal) AppendStatus(st protocol.Status) (protocol.Status, error) {
+	_, err := j.append(TypeStatus, func(seq uint64) ([]byte, error) {
+		st.Seq = seq
+		return json.Marshal(st)
+	})
+	return st, err
+}
+
+// AppendEvent stores ev under the next sequence number and returns it with Seq set.
+func (j *Journal) AppendEvent(ev protocol.Event) (protocol.Event, error) {
+	_, err := j.append(TypeEvent, func(seq uint64) ([]byte, error) {
+		ev.Seq = seq
+		return json.Marshal(ev)
+	})
+	return ev, err
+}
+
+func (j *Journal) append(typ string, encode func(seq uint64) ([]byte, error)) (Entry, error) {
+	var e Entry
+	var dropped []uint64
+	var count int64
+	err := j.db.Update(func(tx *bolt.Tx) error {
+		meta := tx.Bucket(bucketMeta)
+		seq := uint64(1)
+		if v := meta.Get(keyNextSeq); len(v) == 8 {
+			seq = binary.BigEndian.Uint64(v)
+		}
+		if err := meta.Put(keyNextSeq, seqKey(seq+1)); err != nil {
+			return err
+		}
+		data, err := encode(seq)
+		if err != nil {
+			return err
+		}
+		stored, err := json.Marshal(storedEntry{Type: typ, Data: data})
+		if err != nil {
+			return err
+		}
+		out := tx.Bucket(bucketOutbox)
+		if err := out.Put(seqKey(seq), stored); err != nil {
+			return err
+		}
+		n := j.count.Load() + 1
+		for n > int64(j.max) {
+			s, err := dropOldest(out)
+			if err != nil {
+				return err
+			}
+			dropped = append(dropped, s)
+			n--
+		}
+		count = n
+		e = Entry{Seq: seq, Type: typ, Data: data}
+		return nil
+	})
+	if err != nil {
+		return Entry{}, fmt.Errorf("journal: append %s: %w", typ, err)
+	}
+	j.count.Store(count)
+	if len(dropped) > 0 {
+		j.log.Warn("journal full: dropped the oldest unacknowledged entries", "max_entries", j.max, "dropped_seqs", dropped)
+	}
+	return e, nil
+}
+
+// dropOldest deletes the oldest event, or the oldest status when there is no event.
+func dropOldest(out *bolt.Bucket) (uint64, error) {
+	c := out.Cursor()
+	var first []byte
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		if first == nil {
+			first = append([]byte(nil), k...)
+		}
+		var se storedEntry
+		if json.Unmarshal(v, &se) == nil && se.Type == TypeEvent {
+			seq := binary.BigEndian.Uint64(k)
+			return seq, c.Delete()
+		}
+	}
+	if first == nil {
+		return 0, errors.New("nothing to drop")
+	}
+	return binary.BigEndian.Uint64(first), out.Delete(first)
+}
+
+// Pending returns every unacknowledged entry in sequence order.
+func (j *Journal) Pending() ([]Entry, error) {
+	var entries []Entry
+	err := j.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketOutbox).ForEach(func(k, v []byte) error {
+			var se storedEntry
+			if len(k) != 8 || json.Unmarshal(v, &se) != nil {
+				// Skipped rather than fatal: one bad entry must not stop
+				// every later status from reaching the gateway.
+				return nil
+			}
+			entries = append(entries, Entry{Seq: binary.BigEndian.Uint64(k), Type: se.Type, Data: se.Data})
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("journal: %w", err)
+	}
+	return entries, nil
+}
+
+// Len is the number of unacknowledged entries.
+func (j *Journal) Len() int {
+	return int(j.count.Load())
+}
+
+// Ack removes every entry up to and including seq and returns how many went.
+func (j *Journal) Ack(seq uint64) (int, error) {
+	n := 0
+	err := j.db.Update(func(tx *bolt.Tx) error {
+		c := tx.Bucket(bucketOutbox).Cursor()
+		for k, _ := c.First(); k != nil && binary.BigEndian.Uint64(k) <= seq; k, _ = c.First() {
+			if err := c.Delete(); err != nil {
+				return err
+			}
+			n++
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("journal: ack %d: %w", seq, err)
+	}
+	j.count.Add(int64(-n))
+	return n, nil
+}
+
+// SetState stores a small value under key, replacing what was there.
+func (j *Journal) SetState(key string, value []byte) error {
+	err := j.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketState).Put([]byte(key), value)
+	})
+	if err != nil {
+		return fmt.Errorf("journal: set %s: %w", key, err)
+	}
+	return nil
+}
+
+// State returns the value stored under key, or nil when there is none.
+func (j *Journal) State(key string) ([]byte, error) {
+	var v []byte
+	err := j.db.View(func(tx *bolt.Tx) error {
+		if b := tx.Bucket(bucketState).Get([]byte(key)); b != nil {
+			v = append([]byte(nil), b...)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("journal: get %s: %w", key, err)
+	}
+	return v, nil
+}
+
+// DeleteState removes key.
+func (j *Journal) DeleteState(key string) error {
+	err := j.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketState).Delete([]byte(key))
+	})
+	if err != nil {
+		return fmt.Errorf("journal: delete %s: %w", key, err)
+	}
+	return nil
+}

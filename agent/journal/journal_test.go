@@ -1,0 +1,204 @@
+package journal
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/better-compute/bcd/protocol"
+)
+
+func open(t *testing.T, path, node string, opts Options) *Journal {
+	t.Helper()
+	j, err := Open(path, node, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { j.Close() })
+	return j
+}
+
+func TestAppendAckSurvivesRestart(t *testing.T) {
+	path := filepath.Join(t.TempDir(), FileName)
+	j := open(t, path, "node_a", Options{})
+	for i, state := range []string{protocol.StateRunning, protocol.StateSucceeded} {
+		st, err := j.AppendStatus(protocol.Status{CommandID: "cmd_1", State: state})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Seq != uint64(i+1) {
+			t.Fatalf("seq = %d, want %d", st.Seq, i+1)
+		}
+	}
+	if _, err := j.AppendEvent(protocol.Event{Kind: "log", Message: "hello"}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := j.Ack(1); err != nil || n != 1 {
+		t.Fatalf("Ack(1) = %d, %v; want 1 entry", n, err)
+	}
+	j.Close()
+
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("journal mode %04o, want 0600", fi.Mode().Perm())
+	}
+
+	j = open(t, path, "node_a", Options{})
+	pending, err := j.Pending()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pending) != 2 || j.Len() != 2 {
+		t.Fatalf("pending = %d entries (Len %d), want 2", len(pending), j.Len())
+	}
+	var st protocol.Status
+	if err := json.Unmarshal(pending[0].Data, &st); err != nil {
+		t.Fatal(err)
+	}
+	if pending[0].Type != TypeStatus || st.Seq != 2 || st.State != protocol.StateSucceeded {
+		t.Errorf("first pending = %s %+v, want the SUCCEEDED status seq 2", pending[0].Type, st)
+	}
+	if pending[1].Type != TypeEvent || pending[1].Seq != 3 {
+		t.Errorf("second pending = %s seq %d, want the event seq 3", pending[1].Type, pending[1].Seq)
+	}
+	// Sequence numbers are never reused, even after everything was acknowledged.
+	if _, err := j.Ack(3); err != nil {
+		t.Fatal(err)
+	}
+	st, err = j.AppendStatus(protocol.Status{CommandID: "cmd_2", State: protocol.StateRunning})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Seq != 4 {
+		t.Errorf("seq after acking everything = %d, want 4", st.Seq)
+	}
+}
+
+func TestForeignNodeRefused(t *testing.T) {
+	path := filepath.Join(t.TempDir(), FileName)
+	j := open(t, path, "node_old", Options{})
+	j.Close()
+	_, err := Open(path, "node_new", Options{})
+	var fe *ForeignError
+	if !errors.As(err, &fe) {
+		t.Fatalf("Open by another node = %v, want a ForeignError", err)
+	}
+	if want := "the journal belongs to node node_old, not node_new"; err.Error() != want {
+		t.Errorf("error = %q, want %q", err, want)
+	}
+	owner, err := Owner(path)
+	if err != nil || owner != "node_old" {
+		t.Errorf("Owner = %q, %v; want node_old", owner, err)
+	}
+}
+
+func TestCorruptFileMovedAside(t *testing.T) {
+	for _, garbage := range [][]byte{
+		[]byte(strings.Repeat("this is not a bbolt file\n", 400)),
+		[]byte("short"),
+		make([]byte, 8192), // zeros: a file truncated to holes
+	} {
+		testCorruptFileMovedAside(t, garbage)
+	}
+}
+
+func testCorruptFileMovedAside(t *testing.T, garbage []byte) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, FileName)
+	if err := os.WriteFile(path, garbage, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1700000000, 0)
+	j := open(t, path, "node_a", Options{Now: func() time.Time { return now }})
+	defer j.Close()
+	if _, err := j.AppendStatus(protocol.Status{CommandID: "c", State: protocol.StateRunning}); err != nil {
+		t.Fatal(err)
+	}
+	moved, err := os.ReadFile(path + ".corrupt-1700000000")
+	if err != nil {
+		t.Fatalf("corrupt journal not moved aside: %v", err)
+	}
+	if string(moved) != string(garbage) {
+		t.Error("the moved-aside file is not the corrupt journal")
+	}
+}
+
+func TestLockedJournalIsNotMovedAside(t *testing.T) {
+	path := filepath.Join(t.TempDir(), FileName)
+	open(t, path, "node_a", Options{})
+	_, err := Open(path, "node_a", Options{LockTimeout: 100 * time.Millisecond})
+	if err == nil || !strings.Contains(err.Error(), "locked by another process") {
+		t.Fatalf("second Open = %v, want a lock error", err)
+	}
+	matches, _ := filepath.Glob(path + ".corrupt-*")
+	if len(matches) != 0 {
+		t.Errorf("a locked journal was moved aside: %v", matches)
+	}
+}
+
+func TestBoundedDropsEventsFirst(t *testing.T) {
+	j := open(t, filepath.Join(t.TempDir(), FileName), "node_a", Options{MaxEntries: 3})
+	mustStatus := func(id string) {
+		if _, err := j.AppendStatus(protocol.Status{CommandID: id, State: protocol.StateSucceeded}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustStatus("s1")                                                      // seq 1
+	if _, err := j.AppendEvent(protocol.Event{Kind: "log"}); err != nil { // seq 2
+		t.Fatal(err)
+	}
+	mustStatus("s3") // seq 3
+	mustStatus("s4") // seq 4: drops the event (seq 2)
+	mustStatus("s5") // seq 5: no event left, drops the oldest status (seq 1)
+	pending, err := j.Pending()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seqs []uint64
+	for _, e := range pending {
+		seqs = append(seqs, e.Seq)
+	}
+	if len(seqs) != 3 || seqs[0] != 3 || seqs[1] != 4 || seqs[2] != 5 {
+		t.Errorf("pending seqs = %v, want [3 4 5]", seqs)
+	}
+	if j.Len() != 3 {
+		t.Errorf("Len = %d, want 3", j.Len())
+	}
+}
+
+func TestState(t *testing.T) {
+	path := filepath.Join(t.TempDir(), FileName)
+	j := open(t, path, "node_a", Options{})
+	if v, err := j.State("reboot"); err != nil || v != nil {
+		t.Fatalf("State of a missing key = %q, %v", v, err)
+	}
+	if err := j.SetState("reboot", []byte(`{"command_id":"c1"}`)); err != nil {
+		t.Fatal(err)
+	}
+	j.Close()
+	j = open(t, path, "node_a", Options{})
+	v, err := j.State("reboot")
+	if err != nil || string(v) != `{"command_id":"c1"}` {
+		t.Fatalf("State after reopen = %q, %v", v, err)
+	}
+	if err := j.DeleteState("reboot"); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := j.State("reboot"); v != nil {
+		t.Errorf("State after delete = %q", v)
+	}
+}
+
+func TestOwnerOfMissingJournal(t *testing.T) {
+	_, err := Owner(filepath.Join(t.TempDir(), FileName))
+	if !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("Owner of nothing = %v, want ErrNotExist", err)
+	}
+}

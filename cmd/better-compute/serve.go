@@ -1,0 +1,74 @@
+package main
+
+import (
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/better-compute/bcd/controlplane"
+	"github.com/better-compute/bcd/internal/cli"
+)
+
+func newServeCmd() *cobra.Command {
+	var s controlplane.Server
+	var logLevel string
+	cmd := &cobra.Command{
+		Use:   "serve --pki DIR --data DIR",
+		Short: "Run the control plane: api, JoinService and gateway on an embedded store",
+		Long: `Run the control plane in one process: the api (operator api, /.well-known/better-compute,
+downloads) on --listen, and the gateway (POST /v1/join, the /v1/session WebSockets) on
+--gateway-listen, both over HTTPS with a certificate issued from the bundle's serving CA
+(or --tls-cert/--tls-key), on a SQLite store in --data.
+
+At the first start on a data directory it creates the operator token and prints it once,
+or writes it to --operator-token-file (0600). SIGINT or SIGTERM shut it down gracefully.
+
+The well-known gateway url and server name come from --gateway-url and
+--gateway-server-name, else from BETTER_COMPUTE_GATEWAY_URL and
+BETTER_COMPUTE_GATEWAY_SERVER_NAME, else the gateway's own address.`,
+		Args: cli.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if s.PKIDir == "" || s.DataDir == "" {
+				return cli.Usagef("serve: --pki DIR and --data DIR are required")
+			}
+			var level slog.Level
+			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
+				return cli.Usagef("serve: --log-level %q: want debug, info, warn or error", logLevel)
+			}
+			s.Out = cmd.OutOrStdout()
+			s.Logger = newLogger(cmd.ErrOrStderr(), level)
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return s.Run(ctx)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&s.PKIDir, "pki", "", "PKI bundle directory (better-compute pki init)")
+	f.StringVar(&s.DataDir, "data", "", "data directory for the store (created 0700)")
+	f.StringVar(&s.APIListen, "listen", controlplane.DefaultAPIListen, "api address (HTTPS)")
+	f.StringVar(&s.GatewayListen, "gateway-listen", controlplane.DefaultGatewayListen, "gateway address (HTTPS, agents' join and sessions)")
+	f.StringVar(&s.GatewayURL, "gateway-url", "", "gateway URL published in /.well-known/better-compute (default: $"+controlplane.EnvGatewayURL+", else https://<gateway-listen>)")
+	f.StringVar(&s.GatewayServerName, "gateway-server-name", "", "TLS server name agents check for the gateway (default: $"+controlplane.EnvGatewayServerName+")")
+	f.StringVar(&s.TLSCertFile, "tls-cert", "", "serving certificate chain (PEM) instead of one issued from the serving CA")
+	f.StringVar(&s.TLSKeyFile, "tls-key", "", "key of --tls-cert (PEM)")
+	f.StringVar(&s.OperatorTokenFile, "operator-token-file", "", "at first start, write the operator token to this file (0600) instead of printing it")
+	f.StringVar(&s.DownloadsDir, "downloads-dir", "", "serve release binaries from this directory at {base-path}/downloads/…")
+	f.StringVar(&s.BasePath, "base-path", "", "path prefix of the api routes, e.g. /p")
+	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	return cmd
+}
+
+// newLogger logs text to a terminal and JSON lines otherwise (a service
+// manager's journal).
+func newLogger(w interface{ Write([]byte) (int, error) }, level slog.Level) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: level}
+	if f, ok := w.(*os.File); ok {
+		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+			return slog.New(slog.NewTextHandler(w, opts))
+		}
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}

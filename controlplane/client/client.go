@@ -1,0 +1,178 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/better-compute/bcd/controlplane/api"
+	"github.com/better-compute/bcd/controlplane/store"
+	"github.com/better-compute/bcd/protocol"
+)
+
+// maxResponse bounds what the client reads of an answer.
+const maxResponse = 16 << 20
+
+// Client talks to one control plane api.
+type Client struct {
+	base  string
+	token string
+	http  *http.Client
+}
+
+// New returns a client for the api at server (https://host[:port][/basePath])
+// that authenticates with the operator token and trusts roots (nil: the
+// system roots).
+func New(server, operatorToken string, roots *x509.CertPool) (*Client, error) {
+	u, err := url.Parse(server)
+	if err != nil || u.Host == "" || (u.Scheme != "https" && u.Scheme != "http") || u.RawQuery != "" || u.Fragment != "" {
+		return nil, fmt.Errorf("server %q: want https://host[:port][/base-path]", server)
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
+	tr.Proxy = nil
+	return &Client{
+		base:  strings.TrimSuffix(u.String(), "/"),
+		token: operatorToken,
+		http: &http.Client{Transport: tr, Timeout: 60 * time.Second,
+			// The bearer token must not follow a redirect to another host.
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
+	}, nil
+}
+
+// Do sends a JSON request to path (below the server URL) and decodes a 2xx
+// answer into out. Any other answer is returned as *protocol.ErrorResponse.
+func (c *Client) Do(ctx context.Context, method, path string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
+	if err != nil {
+		return err
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	req.Header.Set("Accept", "application/json")
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", method, c.base+path, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxResponse))
+	if err != nil {
+		return fmt.Errorf("%s %s: reading the answer: %w", method, c.base+path, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		var e protocol.ErrorResponse
+		if json.Unmarshal(data, &e) == nil && e.Code != "" {
+			return &e
+		}
+		return fmt.Errorf("%s %s: HTTP %d (not a better-compute api?)", method, c.base+path, resp.StatusCode)
+	}
+	if out == nil {
+		return nil
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		return fmt.Errorf("%s %s: decoding the answer: %w", method, c.base+path, err)
+	}
+	return nil
+}
+
+func esc(s string) string { return url.PathEscape(s) }
+
+// CreateToken creates a join token.
+func (c *Client) CreateToken(ctx context.Context, in api.TokenCreate) (api.TokenCreated, error) {
+	var out api.TokenCreated
+	return out, c.Do(ctx, http.MethodPost, "/api/v1/tokens", in, &out)
+}
+
+// ListTokens lists the join tokens.
+func (c *Client) ListTokens(ctx context.Context) ([]api.TokenInfo, error) {
+	var out api.TokenList
+	return out.Tokens, c.Do(ctx, http.MethodGet, "/api/v1/tokens", nil, &out)
+}
+
+// RevokeToken revokes a join token.
+func (c *Client) RevokeToken(ctx context.Context, id string) (api.TokenInfo, error) {
+	var out api.TokenInfo
+	return out, c.Do(ctx, http.MethodPost, "/api/v1/tokens/"+esc(id)+"/revoke", nil, &out)
+}
+
+// CreateSite creates a site.
+func (c *Client) CreateSite(ctx context.Context, name string) (store.Site, error) {
+	var out store.Site
+	return out, c.Do(ctx, http.MethodPost, "/api/v1/sites", api.SiteCreate{Name: name}, &out)
+}
+
+// ListSites lists the sites.
+func (c *Client) ListSites(ctx context.Context) ([]store.Site, error) {
+	var out api.SiteList
+	return out.Sites, c.Do(ctx, http.MethodGet, "/api/v1/sites", nil, &out)
+}
+
+// ListNodes lists the nodes that are not deleted.
+func (c *Client) ListNodes(ctx context.Context) ([]api.NodeInfo, error) {
+	var out api.NodeList
+	return out.Nodes, c.Do(ctx, http.MethodGet, "/api/v1/nodes", nil, &out)
+}
+
+// GetNode reads a node.
+func (c *Client) GetNode(ctx context.Context, id string) (api.NodeInfo, error) {
+	var out api.NodeInfo
+	return out, c.Do(ctx, http.MethodGet, "/api/v1/nodes/"+esc(id), nil, &out)
+}
+
+// DeleteNode deletes a node, revoking its identity.
+func (c *Client) DeleteNode(ctx context.Context, id string) (api.NodeInfo, error) {
+	var out api.NodeInfo
+	return out, c.Do(ctx, http.MethodDelete, "/api/v1/nodes/"+esc(id), nil, &out)
+}
+
+// Cordon cordons (on) or uncordons a node.
+func (c *Client) Cordon(ctx context.Context, id string, on bool) (api.NodeInfo, error) {
+	verb := "uncordon"
+	if on {
+		verb = "cordon"
+	}
+	var out api.NodeInfo
+	return out, c.Do(ctx, http.MethodPost, "/api/v1/nodes/"+esc(id)+"/"+verb, nil, &out)
+}
+
+// CreateCommand enqueues a command for a node.
+func (c *Client) CreateCommand(ctx context.Context, nodeID string, in api.CommandCreate) (store.Command, error) {
+	var out store.Command
+	return out, c.Do(ctx, http.MethodPost, "/api/v1/nodes/"+esc(nodeID)+"/commands", in, &out)
+}
+
+// GetCommand reads a command.
+func (c *Client) GetCommand(ctx context.Context, id string) (store.Command, error) {
+	var out store.Command
+	return out, c.Do(ctx, http.MethodGet, "/api/v1/commands/"+esc(id), nil, &out)
+}
+
+// Code is the refusal code of err, "" when err is not a refusal.
+func Code(err error) string {
+	var e *protocol.ErrorResponse
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return ""
+}

@@ -1,0 +1,179 @@
+package cptest
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"encoding/pem"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/better-compute/bcd/controlplane/store"
+	"github.com/better-compute/bcd/controlplane/token"
+	"github.com/better-compute/bcd/pki"
+	"github.com/better-compute/bcd/protocol"
+)
+
+// Site is the site NewStore creates.
+const Site = "fsn1"
+
+// Pool is the pool tokens are for unless a test says otherwise.
+const Pool = "pool_a"
+
+// NewBundle creates a PKI bundle in a temporary directory and loads it.
+func NewBundle(t testing.TB) *pki.Bundle {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "pki")
+	if _, err := pki.Init(dir, pki.InitOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := pki.LoadBundle(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// NewStore opens a SQLite store in a temporary directory with site Site.
+func NewStore(t testing.TB) store.Store {
+	t.Helper()
+	s, err := store.OpenSQLite(filepath.Join(t.TempDir(), "data"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if err := s.CreateSite(context.Background(), store.Site{Name: Site, CreatedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// NewToken stores a join token (role node, site Site, pool Pool, one hour,
+// changed by mut) and returns its record and secret.
+func NewToken(t testing.TB, s store.Tokens, mut func(*store.Token)) (store.Token, string) {
+	t.Helper()
+	now := time.Now()
+	j := token.NewJoin(now)
+	tok := store.Token{ID: j.ID, Hash: j.Hash, Pool: Pool, Site: Site, Role: protocol.RoleNode, CreatedAt: now, ExpiresAt: now.Add(time.Hour)}
+	if mut != nil {
+		mut(&tok)
+	}
+	if err := s.CreateToken(context.Background(), tok); err != nil {
+		t.Fatal(err)
+	}
+	return tok, j.Token
+}
+
+// Agent is a joining agent's key and CSR.
+type Agent struct {
+	Key    *ecdsa.PrivateKey
+	CSRPEM []byte
+	CSRDER []byte
+}
+
+// NewAgent makes a key and CSR as bcd join does.
+func NewAgent(t testing.TB) *Agent {
+	t.Helper()
+	key, csrPEM, err := pki.NewKeyAndCSR()
+	if err != nil {
+		t.Fatal(err)
+	}
+	blk, _ := pem.Decode(csrPEM)
+	return &Agent{Key: key, CSRPEM: csrPEM, CSRDER: blk.Bytes}
+}
+
+// Request builds a join-token request for role with tok sealed to the
+// bundle's join encryption key; mut changes it before it is returned.
+func (a *Agent) Request(t testing.TB, b *pki.Bundle, role, tok string, mut func(*protocol.JoinRequest)) *protocol.JoinRequest {
+	t.Helper()
+	req := &protocol.JoinRequest{
+		ProtocolVersion: protocol.Version,
+		CSR:             string(a.CSRPEM),
+		Role:            role,
+		Attestor:        protocol.AttestorJoinToken,
+		Claims:          protocol.Claims{Hostname: "host1", SystemUUID: "4c4c4544-0000-1010-8000-b2c04f000001"},
+	}
+	if tok != "" {
+		req.SealedToken = Seal(t, b, tok, pki.CSRSHA256(a.CSRDER))
+	}
+	if mut != nil {
+		mut(req)
+	}
+	return req
+}
+
+// Seal seals tok bound to csrSHA256 as bcd join does.
+func Seal(t testing.TB, b *pki.Bundle, tok, csrSHA256 string) string {
+	t.Helper()
+	plain, err := json.Marshal(protocol.SealedToken{Token: tok, CSRSHA256: csrSHA256, IssuedAt: time.Now().Unix()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sealed, err := pki.Seal(b.Public.JoinEncryptionPublicKey(), plain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sealed
+}
+
+// Verify checks a join response as bcd join does and returns its result:
+// the JWS verifies under the pinned join signing key, is for this CSR, and
+// the leaf chains to the node CA, certifies the agent's key and carries the
+// SPIFFE id of the result.
+func (a *Agent) Verify(t testing.TB, b *pki.Bundle, resp *protocol.JoinResponse) protocol.JoinResult {
+	t.Helper()
+	payload, _, err := pki.VerifyPinned(b.Public.JoinSigningKeyPin, protocol.PurposeJoinResponse, resp.Signed)
+	if err != nil {
+		t.Fatalf("join response does not verify: %v", err)
+	}
+	var res protocol.JoinResult
+	if err := json.Unmarshal(payload, &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.CSRSHA256 != pki.CSRSHA256(a.CSRDER) {
+		t.Fatalf("response is for CSR %s, not ours", res.CSRSHA256)
+	}
+	leaf := a.Leaf(t, res)
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: b.Public.NodeCAPool(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		t.Fatalf("leaf does not chain to the node CA: %v", err)
+	}
+	if !a.Key.PublicKey.Equal(leaf.PublicKey) {
+		t.Fatal("leaf certifies another key")
+	}
+	if len(leaf.URIs) != 1 || leaf.URIs[0].String() != res.SPIFFEID ||
+		res.SPIFFEID != pki.SPIFFEID(b.Public.TrustDomain, res.Role, res.NodeID) {
+		t.Fatalf("leaf URIs %v, result SPIFFE id %s", leaf.URIs, res.SPIFFEID)
+	}
+	return res
+}
+
+// Leaf parses the first certificate of the result's chain.
+func (a *Agent) Leaf(t testing.TB, res protocol.JoinResult) *x509.Certificate {
+	t.Helper()
+	if len(res.CertChain) == 0 {
+		t.Fatal("empty certificate chain")
+	}
+	blk, _ := pem.Decode([]byte(res.CertChain[0]))
+	if blk == nil {
+		t.Fatal("leaf is not PEM")
+	}
+	leaf, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return leaf
+}
+
+// ClientCert is the agent's TLS client certificate from a join result.
+func (a *Agent) ClientCert(t testing.TB, res protocol.JoinResult) tls.Certificate {
+	t.Helper()
+	var chain [][]byte
+	for _, p := range res.CertChain {
+		blk, _ := pem.Decode([]byte(p))
+		chain = append(chain, blk.Bytes)
+	}
+	return tls.Certificate{Certificate: chain, PrivateKey: a.Key, Leaf: a.Leaf(t, res)}
+}

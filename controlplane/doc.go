@@ -1,0 +1,24 @@
+// Package controlplane is `better-compute serve`: the api, the JoinService
+// and the gateway in one process, on an embedded SQLite store in the data
+// directory. Server wires them; the pieces live in the subpackages:
+//
+//	store      the Store interfaces and the SQLite implementation
+//	join       the JoinService and its attestors (join-token, provisioned)
+//	gateway    POST /v1/join and the /v1/session WebSockets
+//	api        /.well-known/better-compute, downloads, the operator api
+//	downloads  the release binaries route
+//	client     the operator's api client (the CLI uses it)
+//	token, ids the bcjt_/bcop_ secrets and the n_/jt_/cmd_ ids
+//
+// Two HTTPS listeners: the api (default 127.0.0.1:8443) and the gateway
+// (default 127.0.0.1:8444), which also asks agents for their client
+// certificate. Both present a serving certificate the server issues itself
+// from the bundle's serving CA for the hosts it serves (listen hosts, the
+// gateway URL's host and server name, localhost, 127.0.0.1 and ::1), chain
+// [leaf, serving CA] so agents can match the CA against their pin; it is
+// reissued before it expires. --tls-cert and --tls-key replace it.
+//
+// At its first start on a data directory the server creates the operator
+// token (bcop_…): it prints it once, or writes it to OperatorTokenFile
+// (0600), and keeps only its hash. Later starts neither print nor write it.
+package controlplane

@@ -1,0 +1,39 @@
+// Package gateway is the agents' side of the control plane: POST /v1/join,
+// relayed to the JoinService, and GET /v1/session, the WebSocket every
+// joined agent keeps open.
+//
+// # Sessions
+//
+// A session runs over mutual TLS. The listener asks for a client certificate
+// without requiring one (so /v1/join works on the same port); /v1/session
+// then verifies it against the node CA and refuses a missing or invalid one
+// with 401 (UNAUTHENTICATED), and a node that is unknown, deleted, or whose
+// certificate a later join replaced with 403 (NODE_REVOKED).
+//
+// Every WebSocket message is one protocol.Frame as JSON text. The agent's
+// first frame must be Hello, within HelloTimeout, naming the node id and
+// role of its certificate's SPIFFE id; anything else ends the session with
+// an Error frame and close code 1008. The gateway then records the session
+// (node_sessions), makes it the node's only one (an older session of the
+// same node is closed), and answers Welcome{server_time,
+// min_protocol_version, upgrade_required, node_state, spec}.
+//
+// Node state: a node is adopting from its join until the gateway has written
+// a Welcome to it. The Welcome of that first session still says adopting
+// (it is the adoption); once it is written the node is ready, and every
+// later Welcome says ready. A reclaim (a new join of the same node) makes it
+// adopting again. Whether a node is connected is kept apart from its state:
+// nodes.session_id names the open session.
+//
+// After the Welcome the gateway sends the node's open commands (queued, or
+// sent before but without a terminal status: they are re-sent on every new
+// session until one arrives), and any command enqueued while the node is
+// connected (Notify). Each Status updates its command and each Event is
+// stored; both are acknowledged with Ack{seq} once written, so the agent can
+// drop them from its journal.
+//
+// Heartbeats: the gateway pings every PingInterval (15 s) and drops a
+// session that misses MissedPings (3) pongs in a row. A session costs two
+// goroutines (the handler, reading, and one writer), small buffers, and one
+// store write per frame; see BenchmarkSessions for the measured memory.
+package gateway

@@ -1,0 +1,228 @@
+package gateway
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/better-compute/bcd/controlplane/httpjson"
+	"github.com/better-compute/bcd/controlplane/join"
+	"github.com/better-compute/bcd/controlplane/store"
+	"github.com/better-compute/bcd/protocol"
+)
+
+// Defaults of the Server's zero fields.
+const (
+	DefaultPingInterval = 15 * time.Second
+	DefaultMissedPings  = 3
+	DefaultHelloTimeout = 10 * time.Second
+	DefaultWriteTimeout = 10 * time.Second
+	// MaxFrameSize bounds one message from an agent. A status with a
+	// command's result (an inventory) is the largest.
+	MaxFrameSize = 1 << 20
+)
+
+// Joiner answers joins: the JoinService.
+type Joiner interface {
+	Join(ctx context.Context, req *protocol.JoinRequest) (*protocol.JoinResponse, error)
+}
+
+// Store is what sessions read and write.
+type Store interface {
+	GetNode(ctx context.Context, id string) (store.Node, error)
+	SetNodeState(ctx context.Context, id, from, to string, at time.Time) (bool, error)
+	store.Sessions
+	OpenCommands(ctx context.Context, nodeID string) ([]store.Command, error)
+	MarkSent(ctx context.Context, id string, at time.Time) error
+	ApplyStatus(ctx context.Context, u store.StatusUpdate) (bool, error)
+}
+
+// Server is the gateway. Set the fields, then serve Handler() on a TLS
+// listener whose config requests client certificates
+// (tls.RequestClientCert or tls.VerifyClientCertIfGiven).
+type Server struct {
+	// Joiner answers POST /v1/join.
+	Joiner Joiner
+	// Store holds nodes, sessions, commands and events.
+	Store Store
+	// NodeCAs verifies client certificates: the node CA.
+	NodeCAs *x509.CertPool
+	// TrustDomain is the SPIFFE trust domain node certificates must name.
+	TrustDomain string
+	// PingInterval is how often a session is pinged; 0 means
+	// DefaultPingInterval.
+	PingInterval time.Duration
+	// MissedPings is how many unanswered pings in a row end a session; 0
+	// means DefaultMissedPings.
+	MissedPings int
+	// HelloTimeout is how long an agent has for its Hello; 0 means
+	// DefaultHelloTimeout.
+	HelloTimeout time.Duration
+	// WriteTimeout bounds one frame's write; a client that reads slower is
+	// dropped. 0 means DefaultWriteTimeout.
+	WriteTimeout time.Duration
+	// Logger; nil discards.
+	Logger *slog.Logger
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+
+	mu       sync.Mutex
+	sessions map[string]*session
+	closed   bool
+	wg       sync.WaitGroup
+}
+
+func (s *Server) now() time.Time {
+	if s.Now != nil {
+		return s.Now()
+	}
+	return time.Now()
+}
+
+func (s *Server) log() *slog.Logger {
+	if s.Logger != nil {
+		return s.Logger
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+func orDefault[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}
+
+// Handler serves /v1/join and /v1/session.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc(protocol.PathJoin, only(http.MethodPost, s.serveJoin))
+	mux.HandleFunc(protocol.PathSession, only(http.MethodGet, s.serveSession))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		httpjson.WriteJSON(w, http.StatusNotFound, httpjson.Errorf(protocol.CodeNotFound, "no such gateway endpoint"))
+	})
+	return mux
+}
+
+// only answers other methods than method with 405 and a JSON body.
+func only(method string, h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != method {
+			w.Header().Set("Allow", method)
+			httpjson.WriteJSON(w, http.StatusMethodNotAllowed, httpjson.Errorf(protocol.CodeInvalidInput, "%s takes %s", r.URL.Path, method))
+			return
+		}
+		h(w, r)
+	}
+}
+
+func (s *Server) serveJoin(w http.ResponseWriter, r *http.Request) {
+	req, err := join.DecodeRequest(r.Body)
+	if err != nil {
+		httpjson.WriteError(w, s.log(), err)
+		return
+	}
+	resp, err := s.Joiner.Join(r.Context(), req)
+	if err != nil {
+		var e *protocol.ErrorResponse
+		if errors.As(err, &e) {
+			s.log().Info("join refused", "code", e.Code, "reason", e.Message, "remote", r.RemoteAddr, "role", req.Role, "attestor", req.Attestor)
+		}
+		httpjson.WriteError(w, s.log(), err)
+		return
+	}
+	httpjson.WriteJSON(w, http.StatusOK, resp)
+}
+
+// Notify tells the node's session, if it has one here, that it has new
+// commands to deliver.
+func (s *Server) Notify(nodeID string) {
+	s.mu.Lock()
+	ss := s.sessions[nodeID]
+	s.mu.Unlock()
+	if ss != nil {
+		ss.kickCommands()
+	}
+}
+
+// Disconnect ends the node's session (the node was deleted).
+func (s *Server) Disconnect(nodeID, reason string) {
+	s.mu.Lock()
+	ss := s.sessions[nodeID]
+	s.mu.Unlock()
+	if ss != nil {
+		ss.end(closePolicy, reason)
+	}
+}
+
+// Connected reports whether the node has a session here.
+func (s *Server) Connected(nodeID string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sessions[nodeID] != nil
+}
+
+// SessionCount is the number of open sessions.
+func (s *Server) SessionCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.sessions)
+}
+
+// Close ends every session (close code 1001, going away) and waits for them
+// to finish. http.Server.Shutdown does not: a WebSocket is a hijacked
+// connection it no longer tracks. New sessions are refused afterwards.
+func (s *Server) Close(ctx context.Context) error {
+	s.mu.Lock()
+	s.closed = true
+	all := make([]*session, 0, len(s.sessions))
+	for _, ss := range s.sessions {
+		all = append(all, ss)
+	}
+	s.mu.Unlock()
+	for _, ss := range all {
+		ss.end(closeGoingAway, "the gateway is shutting down")
+	}
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// register makes ss the node's session and returns the one it replaces. Of
+// two sessions of one node that race, the one the store numbered later
+// wins, here as in nodes.session_id; ok is false for the loser.
+func (s *Server) register(ss *session) (old *session, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		ss.end(closeGoingAway, "the gateway is shutting down")
+		return nil, false
+	}
+	if s.sessions == nil {
+		s.sessions = make(map[string]*session)
+	}
+	old = s.sessions[ss.nodeID]
+	if old != nil && old.id > ss.id {
+		return nil, false
+	}
+	s.sessions[ss.nodeID] = ss
+	return old, true
+}
+
+func (s *Server) unregister(ss *session) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sessions[ss.nodeID] == ss {
+		delete(s.sessions, ss.nodeID)
+	}
+}

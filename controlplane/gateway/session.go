@@ -1,0 +1,520 @@
+package gateway
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/better-compute/bcd/controlplane/httpjson"
+	"github.com/better-compute/bcd/controlplane/store"
+	"github.com/better-compute/bcd/pki"
+	"github.com/better-compute/bcd/protocol"
+)
+
+const (
+	closePolicy    = websocket.StatusPolicyViolation
+	closeGoingAway = websocket.StatusGoingAway
+	closeTryLater  = websocket.StatusTryAgainLater
+)
+
+// session is one agent's WebSocket. The handler goroutine reads; writeLoop
+// writes. Nothing else runs per session.
+type session struct {
+	srv    *Server
+	conn   *websocket.Conn
+	nodeID string
+	role   string
+	id     int64
+	log    *slog.Logger
+	// upgradeOnly: the agent is older than MinVersion and is sent nothing
+	// but daemon.upgrade.
+	upgradeOnly bool
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	out    chan []byte
+	kick   chan struct{}
+	ended  sync.Once
+	// closed is closed once the close handshake end started has finished.
+	closed chan struct{}
+	// sent holds the commands written in this session; only writeLoop
+	// touches it.
+	sent map[string]bool
+}
+
+// authenticate checks the client certificate and the node it names.
+func (s *Server) authenticate(r *http.Request) (store.Node, error) {
+	if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
+		return store.Node{}, httpjson.Errorf(protocol.CodeUnauthenticated, "a session needs the node's client certificate (from bcd join)")
+	}
+	leaf := r.TLS.PeerCertificates[0]
+	inter := x509.NewCertPool()
+	for _, c := range r.TLS.PeerCertificates[1:] {
+		inter.AddCert(c)
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{
+		Roots:         s.NodeCAs,
+		Intermediates: inter,
+		KeyUsages:     []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		CurrentTime:   s.now(),
+	}); err != nil {
+		return store.Node{}, httpjson.Errorf(protocol.CodeUnauthenticated, "the client certificate does not verify against this control plane's node CA: %v", err)
+	}
+	if len(leaf.URIs) != 1 {
+		return store.Node{}, httpjson.Errorf(protocol.CodeUnauthenticated, "the client certificate carries %d URIs, want one SPIFFE id", len(leaf.URIs))
+	}
+	td, role, nodeID, err := pki.ParseSPIFFEID(leaf.URIs[0].String())
+	if err != nil {
+		return store.Node{}, httpjson.Errorf(protocol.CodeUnauthenticated, "client certificate: %v", err)
+	}
+	if td != s.TrustDomain {
+		return store.Node{}, httpjson.Errorf(protocol.CodeUnauthenticated, "client certificate is for trust domain %s, not %s", td, s.TrustDomain)
+	}
+	node, err := s.Store.GetNode(r.Context(), nodeID)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return store.Node{}, httpjson.Errorf(protocol.CodeNodeRevoked, "node %s is not known to this control plane", nodeID)
+	case err != nil:
+		return store.Node{}, err
+	case node.Deleted():
+		return store.Node{}, httpjson.Errorf(protocol.CodeNodeRevoked, "node %s was deleted; to join again: bcd join --reset --yes, then bcd join", nodeID)
+	case node.Role != role:
+		return store.Node{}, httpjson.Errorf(protocol.CodeNodeRevoked, "node %s has role %s, the certificate says %s", nodeID, node.Role, role)
+	case node.CertSerial != leaf.SerialNumber.Text(16):
+		return store.Node{}, httpjson.Errorf(protocol.CodeNodeRevoked, "this certificate of node %s was replaced by a later join", nodeID)
+	}
+	return node, nil
+}
+
+func (s *Server) serveSession(w http.ResponseWriter, r *http.Request) {
+	node, err := s.authenticate(r)
+	if err != nil {
+		var e *protocol.ErrorResponse
+		if errors.As(err, &e) {
+			s.log().Info("session refused", "code", e.Code, "reason", e.Message, "remote", r.RemoteAddr)
+		}
+		httpjson.WriteError(w, s.log(), err)
+		return
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		httpjson.WriteError(w, s.log(), httpjson.Unavailable("the gateway is shutting down"))
+		return
+	}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	started := false
+	defer func() {
+		if !started {
+			s.wg.Done()
+		}
+	}()
+
+	// The server's read and write deadlines would outlive the hijack and cut
+	// a healthy session; heartbeats and per-write timeouts take over.
+	rc := http.NewResponseController(w)
+	rc.SetReadDeadline(time.Time{})
+	rc.SetWriteDeadline(time.Time{})
+	conn, err := websocket.Accept(w, r, &websocket.AcceptOptions{CompressionMode: websocket.CompressionDisabled})
+	if err != nil {
+		s.log().Info("session: websocket upgrade failed", "node", node.ID, "err", err)
+		return
+	}
+	conn.SetReadLimit(MaxFrameSize)
+	ctx, cancel := context.WithCancel(context.Background())
+	ss := &session{
+		srv:    s,
+		conn:   conn,
+		nodeID: node.ID,
+		role:   node.Role,
+		log:    s.log().With("node", node.ID),
+		ctx:    ctx,
+		cancel: cancel,
+		out:    make(chan []byte, 4),
+		kick:   make(chan struct{}, 1),
+		sent:   make(map[string]bool),
+		closed: make(chan struct{}),
+	}
+	// The session reads on a goroutine of its own and the handler returns:
+	// the connection's goroutine, its stack grown by the TLS handshake, and
+	// the request are then freed for as long as the session lasts.
+	started = true
+	remote := r.RemoteAddr
+	go func() {
+		defer s.wg.Done()
+		defer cancel()
+		ss.run(node, remote)
+		// Whatever ended the session, finish its close handshake before
+		// Close stops waiting, so the agent reads why.
+		ss.end(websocket.StatusNormalClosure, "")
+		<-ss.closed
+	}()
+}
+
+// run is the session from Hello to the end.
+func (ss *session) run(node store.Node, remote string) {
+	s := ss.srv
+	hello, err := ss.readHello()
+	if err != nil {
+		ss.log.Info("session: no valid hello", "err", err)
+		ss.fail(closePolicy, err)
+		return
+	}
+	now := s.now()
+	ss.upgradeOnly = hello.ProtocolVersion < protocol.MinVersion
+	ss.id, err = s.Store.OpenSession(ss.ctx, store.Session{
+		NodeID: ss.nodeID, Role: ss.role, DaemonVersion: hello.DaemonVersion, BootID: hello.BootID,
+		ProtocolVersion: hello.ProtocolVersion, RemoteAddr: remote, ConnectedAt: now,
+	})
+	if err != nil {
+		ss.log.Error("session: recording it failed", "err", err)
+		ss.fail(closeTryLater, httpjson.Unavailable("the control plane could not record the session; try again"))
+		return
+	}
+	defer func() {
+		if err := s.Store.CloseSession(context.Background(), ss.id, s.now()); err != nil {
+			ss.log.Error("session: recording its end failed", "err", err)
+		}
+	}()
+	old, current := s.register(ss)
+	if !current {
+		ss.end(closePolicy, "replaced by a newer session of this node")
+		return
+	}
+	defer s.unregister(ss)
+	if old != nil {
+		old.end(closePolicy, "replaced by a newer session of this node")
+	}
+	// Read the node again now that the session is registered: a delete or a
+	// reclaim that ran since the certificate was checked found no session
+	// to end, so this one must see it.
+	fresh, err := s.Store.GetNode(ss.ctx, ss.nodeID)
+	switch {
+	case err != nil:
+		ss.log.Error("session: reading the node failed", "err", err)
+		ss.fail(closeTryLater, httpjson.Unavailable("the control plane could not read the node; try again"))
+		return
+	case fresh.Deleted() || fresh.CertSerial != node.CertSerial:
+		ss.fail(closePolicy, httpjson.Errorf(protocol.CodeNodeRevoked, "node %s was deleted or joined again while this session opened", ss.nodeID))
+		return
+	}
+	node = fresh
+	ss.log.Info("session open", "session", ss.id, "daemon_version", hello.DaemonVersion, "protocol_version", hello.ProtocolVersion, "remote", remote)
+
+	welcome := protocol.Welcome{
+		ServerTime:         now.UTC(),
+		MinProtocolVersion: protocol.MinVersion,
+		UpgradeRequired:    ss.upgradeOnly,
+		NodeState:          node.State,
+		Spec:               &protocol.Spec{Revision: node.SpecRevision},
+	}
+	b, err := frame(protocol.FrameWelcome, welcome)
+	if err == nil {
+		err = ss.write(b)
+	}
+	if err != nil {
+		ss.log.Info("session: welcome not written", "err", err)
+		return
+	}
+	if node.State == protocol.NodeAdopting {
+		if _, err := s.Store.SetNodeState(ss.ctx, ss.nodeID, protocol.NodeAdopting, protocol.NodeReady, s.now()); err != nil {
+			ss.log.Error("session: marking the node ready failed", "err", err)
+		}
+	}
+
+	writerDone := make(chan struct{})
+	go func() {
+		defer close(writerDone)
+		ss.writeLoop()
+	}()
+	ss.kickCommands()
+	ss.readLoop()
+	ss.end(websocket.StatusNormalClosure, "")
+	<-writerDone
+	ss.log.Info("session closed", "session", ss.id)
+}
+
+func (ss *session) readHello() (protocol.Hello, error) {
+	ctx, cancel := context.WithTimeout(ss.ctx, orDefault(ss.srv.HelloTimeout, DefaultHelloTimeout))
+	defer cancel()
+	typ, data, err := ss.conn.Read(ctx)
+	if err != nil {
+		return protocol.Hello{}, httpjson.Errorf(protocol.CodeInvalidInput, "reading hello: %v", err)
+	}
+	f, err := decodeFrame(typ, data)
+	if err != nil {
+		return protocol.Hello{}, err
+	}
+	if f.Type != protocol.FrameHello {
+		return protocol.Hello{}, httpjson.Errorf(protocol.CodeInvalidInput, "the first frame must be %q, got %q", protocol.FrameHello, short(f.Type))
+	}
+	var h protocol.Hello
+	if err := f.Decode(&h); err != nil {
+		return protocol.Hello{}, httpjson.Errorf(protocol.CodeInvalidInput, "hello: %v", err)
+	}
+	if h.NodeID != ss.nodeID || h.Role != ss.role {
+		return protocol.Hello{}, httpjson.Errorf(protocol.CodeUnauthenticated,
+			"hello says node %s role %s, the certificate says node %s role %s", short(h.NodeID), short(h.Role), ss.nodeID, ss.role)
+	}
+	return h, nil
+}
+
+func decodeFrame(typ websocket.MessageType, data []byte) (protocol.Frame, error) {
+	if typ != websocket.MessageText {
+		return protocol.Frame{}, httpjson.Errorf(protocol.CodeInvalidInput, "frames are JSON text messages")
+	}
+	var f protocol.Frame
+	if err := json.Unmarshal(data, &f); err != nil {
+		return protocol.Frame{}, httpjson.Errorf(protocol.CodeInvalidInput, "frame: %v", err)
+	}
+	return f, nil
+}
+
+func (ss *session) readLoop() {
+	for {
+		typ, data, err := ss.conn.Read(ss.ctx)
+		if err != nil {
+			if ss.ctx.Err() == nil {
+				ss.log.Info("session: read ended", "status", websocket.CloseStatus(err), "err", err)
+			}
+			return
+		}
+		f, err := decodeFrame(typ, data)
+		if err != nil {
+			ss.fail(closePolicy, err)
+			return
+		}
+		switch f.Type {
+		case protocol.FrameStatus:
+			var st protocol.Status
+			if err := f.Decode(&st); err != nil {
+				ss.fail(closePolicy, httpjson.Errorf(protocol.CodeInvalidInput, "status: %v", err))
+				return
+			}
+			if err := ss.status(st); err != nil {
+				ss.log.Error("session: storing a status failed", "err", err)
+				ss.fail(closeTryLater, httpjson.Unavailable("the control plane could not store the status; it will be replayed"))
+				return
+			}
+			ss.ack(st.Seq)
+		case protocol.FrameEvent:
+			var ev protocol.Event
+			if err := f.Decode(&ev); err != nil {
+				ss.fail(closePolicy, httpjson.Errorf(protocol.CodeInvalidInput, "event: %v", err))
+				return
+			}
+			if err := ss.event(ev); err != nil {
+				ss.log.Error("session: storing an event failed", "err", err)
+				ss.fail(closeTryLater, httpjson.Unavailable("the control plane could not store the event; it will be replayed"))
+				return
+			}
+			ss.ack(ev.Seq)
+		case protocol.FrameHello:
+			ss.fail(closePolicy, httpjson.Errorf(protocol.CodeInvalidInput, "hello sent twice"))
+			return
+		default:
+			// A newer agent's frame this gateway does not know: ignore it
+			// rather than drop the session.
+			ss.log.Debug("session: ignoring a frame", "type", short(f.Type))
+		}
+	}
+}
+
+func (ss *session) status(st protocol.Status) error {
+	if st.CommandID == "" || !protocol.Terminal(st.State) && st.State != protocol.StateRunning {
+		// Acknowledged all the same: replaying it would not make it valid.
+		ss.log.Warn("session: ignoring a malformed status", "command", short(st.CommandID), "state", short(st.State))
+		return nil
+	}
+	var progress []byte
+	if st.Progress != nil {
+		progress, _ = json.Marshal(st.Progress)
+	}
+	ok, err := ss.srv.Store.ApplyStatus(ss.ctx, store.StatusUpdate{
+		CommandID: st.CommandID, NodeID: ss.nodeID, State: st.State, Reason: st.Reason, Message: st.Message,
+		Progress: progress, Result: st.Result, At: ss.srv.now(),
+	})
+	if err != nil {
+		return err
+	}
+	if !ok {
+		ss.log.Info("session: status of an unknown or finished command", "command", short(st.CommandID), "state", st.State)
+	}
+	return nil
+}
+
+func (ss *session) event(ev protocol.Event) error {
+	if ev.Time.IsZero() {
+		ev.Time = ss.srv.now()
+	}
+	if ev.Kind == "" {
+		ev.Kind = "unknown"
+	}
+	return ss.srv.Store.AddEvent(ss.ctx, store.Event{
+		NodeID: ss.nodeID, SessionID: ss.id, Seq: ev.Seq, Kind: ev.Kind, Time: ev.Time, Level: ev.Level,
+		Message: ev.Message, Data: ev.Data, ReceivedAt: ss.srv.now(),
+	})
+}
+
+func (ss *session) ack(seq uint64) {
+	b, err := frame(protocol.FrameAck, protocol.Ack{Seq: seq})
+	if err != nil {
+		return
+	}
+	select {
+	case ss.out <- b:
+	case <-ss.ctx.Done():
+	}
+}
+
+func (ss *session) kickCommands() {
+	select {
+	case ss.kick <- struct{}{}:
+	default:
+	}
+}
+
+// writeLoop writes queued frames, delivers commands and pings.
+func (ss *session) writeLoop() {
+	interval := orDefault(ss.srv.PingInterval, DefaultPingInterval)
+	maxMissed := orDefault(ss.srv.MissedPings, DefaultMissedPings)
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	missed := 0
+	for {
+		select {
+		case <-ss.ctx.Done():
+			return
+		case b := <-ss.out:
+			if err := ss.write(b); err != nil {
+				ss.drop()
+				return
+			}
+		case <-ss.kick:
+			if err := ss.deliver(); err != nil {
+				ss.log.Info("session: delivering commands failed", "err", err)
+				ss.end(closeTryLater, "delivering commands failed")
+				return
+			}
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(ss.ctx, interval)
+			err := ss.conn.Ping(ctx)
+			cancel()
+			switch {
+			case err == nil:
+				missed = 0
+			case ss.ctx.Err() != nil:
+				return
+			case errors.Is(err, context.DeadlineExceeded):
+				missed++
+				if missed >= maxMissed {
+					ss.log.Info("session: dropped after missed heartbeats", "missed", missed)
+					ss.drop()
+					return
+				}
+			default:
+				ss.drop()
+				return
+			}
+		}
+	}
+}
+
+// deliver writes the node's open commands this session has not sent yet.
+func (ss *session) deliver() error {
+	cmds, err := ss.srv.Store.OpenCommands(ss.ctx, ss.nodeID)
+	if err != nil {
+		return err
+	}
+	for _, c := range cmds {
+		if ss.sent[c.ID] || ss.upgradeOnly && c.Kind != protocol.KindDaemonUpgrade {
+			continue
+		}
+		b, err := frame(protocol.FrameCommand, protocol.Command{ID: c.ID, Kind: c.Kind, Params: c.Params})
+		if err != nil {
+			return err
+		}
+		if err := ss.write(b); err != nil {
+			return err
+		}
+		ss.sent[c.ID] = true
+		if err := ss.srv.Store.MarkSent(ss.ctx, c.ID, ss.srv.now()); err != nil {
+			return err
+		}
+		ss.log.Info("command sent", "command", c.ID, "kind", c.Kind)
+	}
+	return nil
+}
+
+func (ss *session) write(b []byte) error {
+	ctx, cancel := context.WithTimeout(ss.ctx, orDefault(ss.srv.WriteTimeout, DefaultWriteTimeout))
+	defer cancel()
+	return ss.conn.Write(ctx, websocket.MessageText, b)
+}
+
+// fail tells the agent why in an Error frame, then ends the session.
+func (ss *session) fail(code websocket.StatusCode, err error) {
+	var e *protocol.ErrorResponse
+	if !errors.As(err, &e) {
+		e = httpjson.Errorf(protocol.CodeInternal, "%v", err)
+	}
+	if b, ferr := frame(protocol.FrameError, e); ferr == nil {
+		ss.write(b)
+	}
+	ss.end(code, e.Code)
+}
+
+// end closes the session with code and reason (at most 123 bytes, the
+// WebSocket limit). It returns at once; the close handshake runs on its own.
+func (ss *session) end(code websocket.StatusCode, reason string) {
+	ss.ended.Do(func() {
+		if len(reason) > 120 {
+			reason = reason[:120]
+		}
+		go func() {
+			defer close(ss.closed)
+			ss.conn.Close(code, reason)
+			ss.cancel()
+		}()
+	})
+}
+
+// drop closes a session whose peer is gone or broken, without waiting for a
+// close handshake it would not answer.
+func (ss *session) drop() {
+	ss.ended.Do(func() {
+		go func() {
+			defer close(ss.closed)
+			ss.conn.CloseNow()
+			ss.cancel()
+		}()
+	})
+}
+
+func frame(typ string, v any) ([]byte, error) {
+	f, err := protocol.NewFrame(typ, v)
+	if err != nil {
+		return nil, err
+	}
+	b, err := json.Marshal(f)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: encode %s frame: %w", typ, err)
+	}
+	return b, nil
+}
+
+func short(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
+}

@@ -1,0 +1,39 @@
+// Package join is the JoinService: it turns a protocol.JoinRequest into a
+// node identity, a certificate from the node CA, and a JoinResponse signed
+// with the join signing key.
+//
+// # The flow
+//
+//  1. The request is checked: protocol version, role, a P-256 CSR whose
+//     signature verifies (INVALID_INPUT otherwise).
+//  2. The sealed token, when there is one, is opened with the join
+//     encryption key and must be bound to the SHA-256 of this CSR, so a
+//     captured request cannot be replayed with another key.
+//  3. The attestor named by the request decides (ATTESTOR_REFUSED for one
+//     this control plane does not run): admit the agent as a role in a site
+//     and pool, possibly as a given node id, or defer it. A deferral answers
+//     JoinResponse{RetryAfterS}; the agent retries with the same CSR and is
+//     admitted once the attestor says so (an operator's approval, a boot
+//     nonce that arrived). Attestors are the Attestor interface, so the
+//     discovery and tpm attestors plug in without changing this flow.
+//  4. The node is chosen: the id the attestor bound, else an existing node
+//     whose TPM EK or system UUID matches the claims (a reclaim, allowed
+//     only by a token with allow_reclaim: RECLAIM_NOT_ALLOWED otherwise, and
+//     WRONG_POOL, WRONG_ROLE or WRONG_SITE when the token is for another
+//     pool, role or site than that node), else a new id n_<ULID>.
+//  5. The certificate is issued (spiffe://<trust-domain>/<role>/<node-id>,
+//     90 days) and the node written in the same store transaction that
+//     consumes the token.
+//
+// # When a token is consumed
+//
+// Only on success. Every check, the attestor's included, runs before the
+// token is touched, and the transaction that writes the node is the one that
+// marks the token used (UPDATE … WHERE used_at IS NULL): a refused or
+// deferred join leaves the token as it was, and of concurrent joins with one
+// token exactly one succeeds while the others get TOKEN_USED.
+//
+// Refusals are *protocol.ErrorResponse errors with the code that says why;
+// anything else (the store failing) is for the caller to answer as a
+// retryable UNAVAILABLE.
+package join

@@ -1,0 +1,360 @@
+package join
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/better-compute/bcd/controlplane/httpjson"
+	"github.com/better-compute/bcd/controlplane/ids"
+	"github.com/better-compute/bcd/controlplane/store"
+	"github.com/better-compute/bcd/pki"
+	"github.com/better-compute/bcd/protocol"
+)
+
+// DefaultCertTTL is the lifetime of a node certificate.
+const DefaultCertTTL = 90 * 24 * time.Hour
+
+// Request is what an attestor decides on.
+type Request struct {
+	// Join is the request as the agent sent it.
+	Join *protocol.JoinRequest
+	// CSR is the parsed, signature-checked CSR.
+	CSR *x509.CertificateRequest
+	// CSRSHA256 is the lower-case hex SHA-256 of the CSR's DER.
+	CSRSHA256 string
+	// Token is the join token from the opened sealed token, "" when the
+	// request carried none. It is a secret: never log it.
+	Token string
+	// Now is the time the join is decided at.
+	Now time.Time
+}
+
+// Admission is an attestor's yes: who the agent joins as.
+type Admission struct {
+	Role, Site, Pool string
+	// NodeID, when set, is the node the agent joins as: created when it
+	// does not exist, reclaimed when it does.
+	NodeID string
+	// AllowReclaim lets a join whose claims match an existing node take
+	// that node over (same id, new certificate).
+	AllowReclaim bool
+	// TokenID is the join token the join consumes, "" for none.
+	TokenID string
+}
+
+// Verdict is an attestor's answer: Admit, or a deferral of RetryAfter.
+type Verdict struct {
+	Admit      *Admission
+	RetryAfter time.Duration
+}
+
+// Attestor decides whether a joining agent is who it claims to be. A refusal
+// is a *protocol.ErrorResponse; any other error is the attestor failing and
+// the join may be retried.
+type Attestor interface {
+	Attest(ctx context.Context, r *Request) (Verdict, error)
+}
+
+// AttestorFunc adapts a function to Attestor.
+type AttestorFunc func(ctx context.Context, r *Request) (Verdict, error)
+
+// Attest implements Attestor.
+func (f AttestorFunc) Attest(ctx context.Context, r *Request) (Verdict, error) { return f(ctx, r) }
+
+// Store is what the JoinService keeps nodes in.
+type Store interface {
+	store.Nodes
+}
+
+// Service is the JoinService.
+type Service struct {
+	// Bundle holds the join encryption key (opening tokens), the join
+	// signing key (signing answers) and the node CA (certificates).
+	Bundle *pki.Bundle
+	// Store holds the nodes.
+	Store Store
+	// Attestors by name (protocol.Attestor*).
+	Attestors map[string]Attestor
+	// CertTTL is the node certificates' lifetime; 0 means DefaultCertTTL.
+	CertTTL time.Duration
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+	// Logger records joins; nil discards.
+	Logger *slog.Logger
+	// Reclaimed, when set, is called after a join took over an existing
+	// node, before the answer goes out: the gateway ends the session the
+	// node's previous certificate still holds.
+	Reclaimed func(nodeID string)
+}
+
+func (s *Service) now() time.Time {
+	if s.Now != nil {
+		return s.Now()
+	}
+	return time.Now()
+}
+
+func (s *Service) log() *slog.Logger {
+	if s.Logger != nil {
+		return s.Logger
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+func refuse(code, format string, args ...any) error { return httpjson.Errorf(code, format, args...) }
+
+// DecodeRequest reads a JoinRequest of at most protocol.MaxJoinRequestSize
+// bytes, refusing unknown fields and trailing data (INVALID_INPUT).
+func DecodeRequest(r io.Reader) (*protocol.JoinRequest, error) {
+	var req protocol.JoinRequest
+	if err := httpjson.Decode(r, protocol.MaxJoinRequestSize, &req); err != nil {
+		return nil, err
+	}
+	return &req, nil
+}
+
+// Join runs one join. See the package documentation for the steps.
+func (s *Service) Join(ctx context.Context, req *protocol.JoinRequest) (*protocol.JoinResponse, error) {
+	r, err := s.check(req)
+	if err != nil {
+		return nil, err
+	}
+	a, ok := s.Attestors[req.Attestor]
+	if !ok {
+		return nil, refuse(protocol.CodeAttestorRefused, "attestor %q is not enabled on this control plane", short(req.Attestor))
+	}
+	v, err := a.Attest(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	if v.Admit == nil {
+		secs := int((v.RetryAfter + time.Second - 1) / time.Second)
+		if secs < 1 {
+			secs = 1
+		}
+		s.log().Info("join deferred", "attestor", req.Attestor, "csr_sha256", r.CSRSHA256, "retry_after_s", secs)
+		return &protocol.JoinResponse{RetryAfterS: secs}, nil
+	}
+	return s.admit(ctx, r, v.Admit)
+}
+
+// check validates the request and opens its sealed token.
+func (s *Service) check(req *protocol.JoinRequest) (*Request, error) {
+	if req == nil {
+		return nil, refuse(protocol.CodeInvalidInput, "no join request")
+	}
+	if req.ProtocolVersion < protocol.MinVersion {
+		return nil, refuse(protocol.CodeInvalidInput, "protocol_version %d: this control plane needs at least %d", req.ProtocolVersion, protocol.MinVersion)
+	}
+	if !protocol.ValidRole(req.Role) {
+		return nil, refuse(protocol.CodeInvalidInput, "role %q: want node, site or ramdisk", short(req.Role))
+	}
+	if req.Attestor == "" {
+		return nil, refuse(protocol.CodeInvalidInput, "attestor is missing")
+	}
+	if req.NodeID != "" && !protocol.ValidNodeID(req.NodeID) {
+		return nil, refuse(protocol.CodeInvalidInput, "node_id %q is not a valid node id", short(req.NodeID))
+	}
+	csr, err := pki.ParseCSRPEM([]byte(req.CSR))
+	if err != nil {
+		return nil, refuse(protocol.CodeInvalidInput, "csr: %v", err)
+	}
+	r := &Request{Join: req, CSR: csr, CSRSHA256: pki.CSRSHA256(csr.Raw), Now: s.now()}
+	if req.SealedToken != "" {
+		plain, err := pki.Open(s.Bundle.JoinEncryptionKey, req.SealedToken)
+		if err != nil {
+			return nil, refuse(protocol.CodeInvalidInput, "sealed_token does not open with this control plane's join encryption key (is join_encryption_key_pin from this PKI bundle?)")
+		}
+		var st protocol.SealedToken
+		if err := httpjson.DecodeBytes(plain, &st); err != nil {
+			return nil, refuse(protocol.CodeInvalidInput, "sealed_token: the sealed content is not a SealedToken")
+		}
+		if st.CSRSHA256 != r.CSRSHA256 {
+			return nil, refuse(protocol.CodeInvalidInput, "sealed_token is bound to another CSR (csr_sha256 %s, this CSR's is %s)", short(st.CSRSHA256), r.CSRSHA256)
+		}
+		r.Token = st.Token
+	}
+	return r, nil
+}
+
+// admit picks the node, issues the certificate and writes the node.
+func (s *Service) admit(ctx context.Context, r *Request, adm *Admission) (*protocol.JoinResponse, error) {
+	req := r.Join
+	if adm.Role != req.Role {
+		return nil, refuse(protocol.CodeWrongRole, "the attestor admits role %s, the request is for %s", adm.Role, req.Role)
+	}
+	uuid := SystemUUID(req.Claims.SystemUUID)
+	ek := EKSHA256(req.Claims.TPMEK)
+
+	var existing store.Node
+	reclaim := false
+	if adm.NodeID != "" {
+		n, err := s.Store.GetNode(ctx, adm.NodeID)
+		switch {
+		case err == nil && n.Deleted():
+			return nil, refuse(protocol.CodeNodeRevoked, "node %s was deleted; its id cannot join again", adm.NodeID)
+		case err == nil:
+			existing, reclaim = n, true
+		case !errors.Is(err, store.ErrNotFound):
+			return nil, err
+		}
+	} else {
+		n, err := s.Store.FindNodeByClaims(ctx, uuid, ek)
+		switch {
+		case err == nil:
+			if !adm.AllowReclaim {
+				return nil, refuse(protocol.CodeReclaimNotAllowed,
+					"this machine's hardware (%s) belongs to node %s; join with a token that allows reclaim, or delete %s first (better-compute nodes delete %s --yes)",
+					matchedOn(n, uuid, ek), n.ID, n.ID, n.ID)
+			}
+			existing, reclaim = n, true
+		case !errors.Is(err, store.ErrNotFound):
+			return nil, err
+		}
+	}
+	if reclaim {
+		switch {
+		case existing.Pool != adm.Pool:
+			return nil, refuse(protocol.CodeWrongPool, "node %s is in pool %s, the token is for pool %s", existing.ID, existing.Pool, adm.Pool)
+		case existing.Role != adm.Role:
+			return nil, refuse(protocol.CodeWrongRole, "node %s has role %s, the token is for role %s", existing.ID, existing.Role, adm.Role)
+		case existing.Site != adm.Site:
+			return nil, refuse(protocol.CodeWrongSite, "node %s is in site %s, the token is for site %s", existing.ID, existing.Site, adm.Site)
+		}
+	}
+	nodeID := adm.NodeID
+	if reclaim {
+		nodeID = existing.ID
+	}
+	if nodeID == "" {
+		nodeID = ids.New(ids.PrefixNode, r.Now)
+	}
+
+	ttl := s.CertTTL
+	if ttl == 0 {
+		ttl = DefaultCertTTL
+	}
+	der, err := s.Bundle.IssueNodeCert(r.CSR, adm.Role, nodeID, ttl)
+	if err != nil {
+		return nil, fmt.Errorf("join: %w", err)
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, fmt.Errorf("join: %w", err)
+	}
+	claims, err := json.Marshal(req.Claims)
+	if err != nil {
+		return nil, fmt.Errorf("join: claims: %w", err)
+	}
+	spiffeID := pki.SPIFFEID(s.Bundle.Public.TrustDomain, adm.Role, nodeID)
+	node := store.Node{
+		ID: nodeID, Role: adm.Role, Site: adm.Site, Pool: adm.Pool, SPIFFEID: spiffeID, Claims: claims,
+		SystemUUID: uuid, TPMEKSHA256: ek, CertSerial: leaf.SerialNumber.Text(16), CertNotAfter: leaf.NotAfter,
+		State: protocol.NodeAdopting,
+	}
+	err = s.Store.Admit(ctx, store.Admission{TokenID: adm.TokenID, Node: node, Reclaim: reclaim, Now: r.Now})
+	switch {
+	case errors.Is(err, store.ErrTokenUsed):
+		return nil, refuse(protocol.CodeTokenUsed, "join token %s was already used", adm.TokenID)
+	case errors.Is(err, store.ErrTokenRevoked):
+		return nil, refuse(protocol.CodeTokenRevoked, "join token %s was revoked", adm.TokenID)
+	case errors.Is(err, store.ErrTokenExpired):
+		return nil, refuse(protocol.CodeTokenExpired, "join token %s has expired", adm.TokenID)
+	case errors.Is(err, store.ErrNodeDeleted):
+		return nil, refuse(protocol.CodeNodeRevoked, "node %s was deleted while it joined", nodeID)
+	case errors.Is(err, store.ErrNotFound) && adm.TokenID != "":
+		return nil, refuse(protocol.CodeTokenUnknown, "join token %s is not known", adm.TokenID)
+	case err != nil:
+		return nil, err
+	}
+
+	if reclaim && s.Reclaimed != nil {
+		s.Reclaimed(nodeID)
+	}
+	leafPEM := string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
+	result := protocol.JoinResult{
+		ProtocolVersion: protocol.Version,
+		NodeID:          nodeID,
+		Role:            adm.Role,
+		Site:            adm.Site,
+		Pool:            adm.Pool,
+		SPIFFEID:        spiffeID,
+		CSRSHA256:       r.CSRSHA256,
+		CertChain:       []string{leafPEM, s.Bundle.Public.NodeCAPEM},
+		TrustBundle:     []string{s.Bundle.Public.NodeCAPEM, s.Bundle.Public.ServingCAPEM},
+		IssuedAt:        r.Now.Unix(),
+	}
+	payload, err := json.Marshal(result)
+	if err != nil {
+		return nil, fmt.Errorf("join: %w", err)
+	}
+	signed, err := pki.Sign(s.Bundle.JoinSigningKey, protocol.PurposeJoinResponse, payload)
+	if err != nil {
+		return nil, fmt.Errorf("join: %w", err)
+	}
+	s.log().Info("node joined", "node", nodeID, "role", adm.Role, "site", adm.Site, "pool", adm.Pool,
+		"attestor", req.Attestor, "reclaim", reclaim, "token", adm.TokenID, "cert_serial", node.CertSerial)
+	return &protocol.JoinResponse{Signed: signed, SigningKey: s.Bundle.Public.JoinSigningPublicPEM}, nil
+}
+
+func matchedOn(n store.Node, uuid, ek string) string {
+	if ek != "" && n.TPMEKSHA256 == ek {
+		return "TPM endorsement key"
+	}
+	return "system UUID " + uuid
+}
+
+// placeholderUUIDs are system UUIDs that firmware ships on many boards at
+// once. Matching on them would make unrelated machines reclaim each other.
+var placeholderUUIDs = map[string]bool{
+	"00000000-0000-0000-0000-000000000000": true,
+	"ffffffff-ffff-ffff-ffff-ffffffffffff": true,
+	"03000200-0400-0500-0006-000700080009": true,
+	"00020003-0004-0005-0006-000700080009": true,
+	"not settable":                         true,
+	"not present":                          true,
+	"default string":                       true,
+	"to be filled by o.e.m.":               true,
+}
+
+// SystemUUID normalises a claimed system UUID for matching: lower case,
+// trimmed, and "" for a placeholder.
+func SystemUUID(s string) string {
+	s = strings.ToLower(strings.TrimSpace(s))
+	if placeholderUUIDs[s] || len(s) > 128 {
+		return ""
+	}
+	return s
+}
+
+// EKSHA256 is the lower-case hex SHA-256 of a claimed TPM endorsement key:
+// of its DER when the claim is PEM, else of the trimmed text. "" for none.
+func EKSHA256(ek string) string {
+	ek = strings.TrimSpace(ek)
+	if ek == "" {
+		return ""
+	}
+	b := []byte(ek)
+	if blk, _ := pem.Decode(b); blk != nil {
+		b = blk.Bytes
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+func short(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
+}

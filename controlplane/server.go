@@ -1,0 +1,461 @@
+package controlplane
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"os"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/better-compute/bcd/controlplane/api"
+	"github.com/better-compute/bcd/controlplane/downloads"
+	"github.com/better-compute/bcd/controlplane/gateway"
+	"github.com/better-compute/bcd/controlplane/join"
+	"github.com/better-compute/bcd/controlplane/store"
+	"github.com/better-compute/bcd/controlplane/token"
+	"github.com/better-compute/bcd/pki"
+	"github.com/better-compute/bcd/protocol"
+)
+
+// Defaults of the Server's zero fields.
+const (
+	DefaultAPIListen     = "127.0.0.1:8443"
+	DefaultGatewayListen = "127.0.0.1:8444"
+)
+
+// Environment variables that provide the well-known gateway section when the
+// flags do not.
+const (
+	EnvGatewayURL        = "BETTER_COMPUTE_GATEWAY_URL"
+	EnvGatewayServerName = "BETTER_COMPUTE_GATEWAY_SERVER_NAME"
+)
+
+// servingCertTTL is the lifetime of the serving certificate the server
+// issues itself; it is reissued when a third of it is left.
+const servingCertTTL = 90 * 24 * time.Hour
+
+// Server is the control plane. Set the fields, then Start (or Run).
+type Server struct {
+	// PKIDir is the bundle `better-compute pki init` made. Required.
+	PKIDir string
+	// DataDir holds the store; created 0700. Required.
+	DataDir string
+	// APIListen is the api's address; "" means DefaultAPIListen. Port 0
+	// picks a free port (APIURL says which).
+	APIListen string
+	// GatewayListen is the gateway's address; "" means DefaultGatewayListen.
+	GatewayListen string
+	// GatewayURL is what the well-known document tells agents; "" means
+	// $BETTER_COMPUTE_GATEWAY_URL, else https://<the gateway's address>.
+	GatewayURL string
+	// GatewayServerName is the TLS name agents check, when it is not the
+	// URL's host; "" means $BETTER_COMPUTE_GATEWAY_SERVER_NAME.
+	GatewayServerName string
+	// TLSCertFile and TLSKeyFile replace the self-issued serving
+	// certificate; both or neither.
+	TLSCertFile, TLSKeyFile string
+	// OperatorTokenFile receives the operator token at first start instead
+	// of Out.
+	OperatorTokenFile string
+	// DownloadsDir serves release binaries; "" leaves the route out.
+	DownloadsDir string
+	// BasePath prefixes the api's routes: "" or like "/p".
+	BasePath string
+	// Out receives the "… listening on …" lines and, at first start, the
+	// operator token. nil means io.Discard.
+	Out io.Writer
+	// Logger; nil discards.
+	Logger *slog.Logger
+	// Gateway heartbeats; zero means the gateway's defaults.
+	PingInterval time.Duration
+	MissedPings  int
+
+	bundle     *pki.Bundle
+	store      store.Store
+	gw         *gateway.Server
+	apiSrv     *http.Server
+	gwSrv      *http.Server
+	apiL, gwL  net.Listener
+	apiURL     string
+	gatewayURL string
+	serveErr   chan error
+	stopOnce   sync.Once
+}
+
+func (s *Server) log() *slog.Logger {
+	if s.Logger != nil {
+		return s.Logger
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+func (s *Server) out() io.Writer {
+	if s.Out != nil {
+		return s.Out
+	}
+	return io.Discard
+}
+
+// APIURL is where the api listens (with the base path), once started.
+func (s *Server) APIURL() string { return s.apiURL }
+
+// GatewayAddrURL is where the gateway listens, once started.
+func (s *Server) GatewayAddrURL() string { return "https://" + s.gwL.Addr().String() }
+
+// AdvertisedGatewayURL is the gateway URL of the well-known document.
+func (s *Server) AdvertisedGatewayURL() string { return s.gatewayURL }
+
+// Bundle is the loaded PKI bundle, once started.
+func (s *Server) Bundle() *pki.Bundle { return s.bundle }
+
+// Store is the open store, once started.
+func (s *Server) Store() store.Store { return s.store }
+
+// Run starts the server and serves until ctx is done or a listener fails,
+// then shuts down gracefully.
+func (s *Server) Run(ctx context.Context) error {
+	if err := s.Start(); err != nil {
+		return err
+	}
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-s.serveErr:
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return errors.Join(err, s.Shutdown(sctx))
+}
+
+// Start opens everything and starts serving in the background.
+func (s *Server) Start() (err error) {
+	if s.PKIDir == "" {
+		return errors.New("serve: --pki DIR is required (the bundle better-compute pki init made)")
+	}
+	if s.DataDir == "" {
+		return errors.New("serve: --data DIR is required (where the store lives)")
+	}
+	if (s.TLSCertFile == "") != (s.TLSKeyFile == "") {
+		return errors.New("serve: give both --tls-cert and --tls-key, or neither")
+	}
+	if s.BasePath != "" && (!strings.HasPrefix(s.BasePath, "/") || strings.HasSuffix(s.BasePath, "/") || strings.ContainsAny(s.BasePath, "?#%{} ")) {
+		return fmt.Errorf("serve: --base-path %q: want /name (no trailing /)", s.BasePath)
+	}
+	var cleanup []func()
+	defer func() {
+		if err != nil {
+			for i := len(cleanup) - 1; i >= 0; i-- {
+				cleanup[i]()
+			}
+		}
+	}()
+
+	if s.bundle, err = pki.LoadBundle(s.PKIDir); err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	if s.store, err = store.OpenSQLite(s.DataDir); err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	cleanup = append(cleanup, func() { s.store.Close() })
+	ctx := context.Background()
+	// Sessions left open by a process that died are over.
+	if err := s.store.CloseAllSessions(ctx, time.Now()); err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	if err := s.operatorToken(ctx); err != nil {
+		return err
+	}
+
+	var dl http.Handler
+	if s.DownloadsDir != "" {
+		if dl, err = downloads.New(downloads.Options{Dir: s.DownloadsDir, BasePath: s.BasePath, Logger: s.log()}); err != nil {
+			return fmt.Errorf("serve: downloads: %w", err)
+		}
+	}
+
+	if s.apiL, err = net.Listen("tcp", orDefault(s.APIListen, DefaultAPIListen)); err != nil {
+		return fmt.Errorf("serve: api: %w", err)
+	}
+	cleanup = append(cleanup, func() { s.apiL.Close() })
+	if s.gwL, err = net.Listen("tcp", orDefault(s.GatewayListen, DefaultGatewayListen)); err != nil {
+		return fmt.Errorf("serve: gateway: %w", err)
+	}
+	cleanup = append(cleanup, func() { s.gwL.Close() })
+
+	s.gatewayURL = firstOf(s.GatewayURL, os.Getenv(EnvGatewayURL), "https://"+advertise(s.gwL.Addr()))
+	serverName := firstOf(s.GatewayServerName, os.Getenv(EnvGatewayServerName))
+	gwURL, err := url.Parse(s.gatewayURL)
+	if err != nil || gwURL.Scheme != "https" || gwURL.Host == "" || gwURL.RawQuery != "" || gwURL.Fragment != "" || gwURL.User != nil {
+		return fmt.Errorf("serve: gateway url %q: want https://host[:port][/path]", s.gatewayURL)
+	}
+	if serverName != "" && !validHost(serverName) {
+		return fmt.Errorf("serve: gateway server name %q is not a DNS name", serverName)
+	}
+
+	certs, err := s.certificates(gwURL.Hostname(), serverName)
+	if err != nil {
+		return err
+	}
+	pub := s.bundle.Public
+	wk := &protocol.WellKnown{
+		Gateway: &protocol.WellKnownGateway{URL: s.gatewayURL, ServerName: serverName, ServingCAPin: pub.ServingCASPKIPin},
+		Join: protocol.WellKnownJoin{
+			EncryptionJWK:    pub.JoinEncryptionJWK,
+			EncryptionKeyPin: pub.JoinEncryptionKeyPin,
+			SigningKeyPin:    pub.JoinSigningKeyPin,
+		},
+	}
+	joinSvc := &join.Service{
+		Bundle: s.bundle,
+		Store:  s.store,
+		Attestors: map[string]join.Attestor{
+			protocol.AttestorJoinToken:   join.NewTokenAttestor(s.store),
+			protocol.AttestorProvisioned: join.NewProvisionedAttestor(s.store),
+		},
+		Logger: s.log().With("component", "join"),
+	}
+	s.gw = &gateway.Server{
+		Joiner:       joinSvc,
+		Store:        s.store,
+		NodeCAs:      pub.NodeCAPool(),
+		TrustDomain:  pub.TrustDomain,
+		PingInterval: s.PingInterval,
+		MissedPings:  s.MissedPings,
+		Logger:       s.log().With("component", "gateway"),
+	}
+	joinSvc.Reclaimed = func(nodeID string) {
+		s.gw.Disconnect(nodeID, "the node joined again with a new certificate")
+	}
+	apiSrv := &api.Server{
+		Store:     s.store,
+		WellKnown: wk,
+		Downloads: dl,
+		BasePath:  s.BasePath,
+		Notifier:  s.gw,
+		Logger:    s.log().With("component", "api"),
+	}
+	errLog := slog.NewLogLogger(s.log().Handler(), slog.LevelDebug)
+	s.apiSrv = &http.Server{
+		Handler:           apiSrv.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       60 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          errLog,
+		TLSConfig:         &tls.Config{GetCertificate: certs.get, MinVersion: tls.VersionTLS12},
+	}
+	// A WebSocket needs HTTP/1.1 (it hijacks the connection); an agent that
+	// offered h2 would otherwise get a session route it cannot upgrade.
+	var http1 http.Protocols
+	http1.SetHTTP1(true)
+	s.gwSrv = &http.Server{
+		Protocols:         &http1,
+		Handler:           s.gw.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		// A session clears both deadlines once it is upgraded.
+		ReadTimeout:  30 * time.Second,
+		WriteTimeout: 30 * time.Second,
+		IdleTimeout:  2 * time.Minute,
+		ErrorLog:     errLog,
+		TLSConfig: &tls.Config{
+			GetCertificate: certs.get,
+			MinVersion:     tls.VersionTLS12,
+			// Asked, not required: /v1/join has no certificate yet.
+			// /v1/session verifies it against the node CA itself, to
+			// answer 401 or 403 with a reason instead of a TLS alert.
+			ClientAuth: tls.RequestClientCert,
+		},
+	}
+	s.apiURL = "https://" + s.apiL.Addr().String() + s.BasePath
+	s.serveErr = make(chan error, 2)
+	for _, p := range []struct {
+		srv *http.Server
+		l   net.Listener
+	}{{s.apiSrv, s.apiL}, {s.gwSrv, s.gwL}} {
+		go func() {
+			if err := p.srv.ServeTLS(p.l, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				s.serveErr <- err
+			}
+		}()
+	}
+	fmt.Fprintf(s.out(), "api listening on %s\n", s.apiURL)
+	fmt.Fprintf(s.out(), "gateway listening on %s\n", s.GatewayAddrURL())
+	s.log().Info("control plane started", "api", s.apiURL, "gateway", s.GatewayAddrURL(), "gateway_url", s.gatewayURL,
+		"gateway_server_name", serverName, "trust_domain", pub.TrustDomain, "downloads", s.DownloadsDir != "")
+	return nil
+}
+
+// Shutdown stops accepting, ends sessions (close 1001), waits for requests in
+// flight and closes the store.
+func (s *Server) Shutdown(ctx context.Context) error {
+	var err error
+	s.stopOnce.Do(func() {
+		err = errors.Join(
+			s.apiSrv.Shutdown(ctx),
+			s.gwSrv.Shutdown(ctx),
+			s.gw.Close(ctx),
+			s.store.Close(),
+		)
+		s.log().Info("control plane stopped")
+	})
+	return err
+}
+
+// operatorToken creates the operator token at the first start.
+func (s *Server) operatorToken(ctx context.Context) error {
+	hashes, err := s.store.OperatorTokenHashes(ctx)
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	if len(hashes) > 0 {
+		return nil
+	}
+	op := token.NewOperator()
+	// The file first: a token whose hash is stored but that nobody ever saw
+	// would lock the operator out.
+	if s.OperatorTokenFile != "" {
+		if err := pki.WriteFileAtomic(s.OperatorTokenFile, []byte(op.Token+"\n"), 0o600); err != nil {
+			return fmt.Errorf("serve: operator token file: %w", err)
+		}
+	}
+	created, err := s.store.EnsureOperatorToken(ctx, op.Hash, time.Now())
+	if err != nil {
+		if s.OperatorTokenFile != "" {
+			os.Remove(s.OperatorTokenFile)
+		}
+		return fmt.Errorf("serve: %w", err)
+	}
+	if !created {
+		return nil
+	}
+	if s.OperatorTokenFile != "" {
+		fmt.Fprintf(s.out(), "operator token written to %s (mode 0600); it is not shown again\n", s.OperatorTokenFile)
+		return nil
+	}
+	fmt.Fprintf(s.out(), "operator token (shown once, keep it secret; the CLI reads it from BETTER_COMPUTE_TOKEN or --token-file):\n%s\n", op.Token)
+	return nil
+}
+
+// certSource serves the serving certificate, reissuing a self-issued one
+// before it expires.
+type certSource struct {
+	mu      sync.Mutex
+	cert    *tls.Certificate
+	reissue func() (tls.Certificate, error)
+	log     *slog.Logger
+}
+
+func (c *certSource) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.reissue != nil && c.cert.Leaf != nil && time.Until(c.cert.Leaf.NotAfter) < servingCertTTL/3 {
+		if cert, err := c.reissue(); err == nil {
+			c.cert = &cert
+		} else {
+			c.log.Error("reissuing the serving certificate failed", "err", err)
+		}
+	}
+	return c.cert, nil
+}
+
+func (s *Server) certificates(gatewayHost, serverName string) (*certSource, error) {
+	if s.TLSCertFile != "" {
+		cert, err := tls.LoadX509KeyPair(s.TLSCertFile, s.TLSKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("serve: --tls-cert/--tls-key: %w", err)
+		}
+		return &certSource{cert: &cert, log: s.log()}, nil
+	}
+	hosts := servingHosts(s.log(), s.apiL.Addr(), s.gwL.Addr(), gatewayHost, serverName)
+	reissue := func() (tls.Certificate, error) { return s.bundle.IssueServingCert(hosts, servingCertTTL) }
+	cert, err := reissue()
+	if err != nil {
+		return nil, fmt.Errorf("serve: %w", err)
+	}
+	return &certSource{cert: &cert, reissue: reissue, log: s.log()}, nil
+}
+
+var dnsName = regexp.MustCompile(`^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+func validHost(h string) bool {
+	if _, err := netip.ParseAddr(h); err == nil {
+		return true
+	}
+	return len(h) <= 253 && dnsName.MatchString(strings.ToLower(h))
+}
+
+// servingHosts are the names and addresses the serving certificate covers.
+func servingHosts(log *slog.Logger, api, gw net.Addr, extra ...string) []string {
+	names := []string{"localhost", "127.0.0.1", "::1"}
+	for _, a := range []net.Addr{api, gw} {
+		ap, err := netip.ParseAddrPort(a.String())
+		if err != nil {
+			continue
+		}
+		if ap.Addr().IsUnspecified() {
+			// Listening everywhere: the machine's name is the best guess
+			// at what clients dial; --tls-cert covers the rest.
+			if h, err := os.Hostname(); err == nil {
+				names = append(names, strings.ToLower(h))
+			}
+			continue
+		}
+		names = append(names, ap.Addr().Unmap().WithZone("").String())
+	}
+	names = append(names, extra...)
+	seen := map[string]bool{}
+	var out []string
+	for _, n := range names {
+		n = strings.ToLower(strings.Trim(n, "[]"))
+		if n == "" || seen[n] {
+			continue
+		}
+		seen[n] = true
+		if !validHost(n) {
+			log.Warn("serving certificate: skipping a name that is not a DNS name or IP", "name", n)
+			continue
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+// advertise is the host:port agents reach a listener at.
+func advertise(a net.Addr) string {
+	ap, err := netip.ParseAddrPort(a.String())
+	if err != nil {
+		return a.String()
+	}
+	if ap.Addr().IsUnspecified() {
+		if h, err := os.Hostname(); err == nil && validHost(strings.ToLower(h)) {
+			return net.JoinHostPort(strings.ToLower(h), fmt.Sprint(ap.Port()))
+		}
+		return net.JoinHostPort("127.0.0.1", fmt.Sprint(ap.Port()))
+	}
+	return ap.String()
+}
+
+func orDefault(v, def string) string {
+	if v == "" {
+		return def
+	}
+	return v
+}
+
+func firstOf(vs ...string) string {
+	for _, v := range vs {
+		if v != "" {
+			return v
+		}
+	}
+	return ""
+}

@@ -1,0 +1,247 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	_ "modernc.org/sqlite" // the pure Go SQLite driver, registered as "sqlite"
+)
+
+// DBFile is the database's name in the data directory.
+const DBFile = "better-compute.db"
+
+// schemaVersion is PRAGMA user_version of a database this build has migrated.
+const schemaVersion = 1
+
+const schema = `
+CREATE TABLE sites (
+	name       TEXT PRIMARY KEY,
+	created_at INTEGER NOT NULL
+);
+CREATE TABLE join_tokens (
+	id            TEXT PRIMARY KEY,
+	hash          BLOB NOT NULL,
+	pool          TEXT NOT NULL,
+	site          TEXT NOT NULL REFERENCES sites(name),
+	role          TEXT NOT NULL,
+	node_id       TEXT NOT NULL DEFAULT '',
+	allow_reclaim INTEGER NOT NULL DEFAULT 0,
+	created_at    INTEGER NOT NULL,
+	expires_at    INTEGER NOT NULL,
+	used_at       INTEGER,
+	used_by       TEXT NOT NULL DEFAULT '',
+	revoked_at    INTEGER
+);
+CREATE TABLE nodes (
+	id             TEXT PRIMARY KEY,
+	role           TEXT NOT NULL,
+	site           TEXT NOT NULL,
+	pool           TEXT NOT NULL,
+	spiffe_id      TEXT NOT NULL,
+	claims         TEXT NOT NULL,
+	system_uuid    TEXT NOT NULL DEFAULT '',
+	tpm_ek_sha256  TEXT NOT NULL DEFAULT '',
+	cert_serial    TEXT NOT NULL,
+	cert_not_after INTEGER NOT NULL,
+	state          TEXT NOT NULL,
+	cordoned       INTEGER NOT NULL DEFAULT 0,
+	created_at     INTEGER NOT NULL,
+	updated_at     INTEGER NOT NULL,
+	joined_at      INTEGER NOT NULL,
+	deleted_at     INTEGER,
+	session_id     INTEGER,
+	daemon_version TEXT NOT NULL DEFAULT '',
+	last_seen_at   INTEGER,
+	spec_revision  INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX nodes_system_uuid ON nodes(system_uuid) WHERE system_uuid != '' AND deleted_at IS NULL;
+CREATE INDEX nodes_tpm_ek ON nodes(tpm_ek_sha256) WHERE tpm_ek_sha256 != '' AND deleted_at IS NULL;
+CREATE TABLE node_sessions (
+	id               INTEGER PRIMARY KEY,
+	node_id          TEXT NOT NULL,
+	role             TEXT NOT NULL,
+	daemon_version   TEXT NOT NULL,
+	boot_id          TEXT NOT NULL,
+	protocol_version INTEGER NOT NULL,
+	remote_addr      TEXT NOT NULL,
+	connected_at     INTEGER NOT NULL,
+	disconnected_at  INTEGER
+);
+CREATE INDEX node_sessions_node ON node_sessions(node_id, id);
+CREATE INDEX node_sessions_open ON node_sessions(id) WHERE disconnected_at IS NULL;
+CREATE TABLE commands (
+	id         TEXT PRIMARY KEY,
+	node_id    TEXT NOT NULL,
+	kind       TEXT NOT NULL,
+	params     TEXT,
+	state      TEXT NOT NULL,
+	reason     TEXT NOT NULL DEFAULT '',
+	message    TEXT NOT NULL DEFAULT '',
+	progress   TEXT,
+	result     TEXT,
+	created_at INTEGER NOT NULL,
+	updated_at INTEGER NOT NULL,
+	sent_at    INTEGER
+);
+CREATE INDEX commands_open ON commands(node_id, id) WHERE state NOT IN ('SUCCEEDED', 'FAILED', 'UNSUPPORTED');
+CREATE TABLE events (
+	id          INTEGER PRIMARY KEY,
+	node_id     TEXT NOT NULL,
+	session_id  INTEGER,
+	seq         INTEGER NOT NULL,
+	kind        TEXT NOT NULL,
+	time        INTEGER NOT NULL,
+	level       TEXT NOT NULL DEFAULT '',
+	message     TEXT NOT NULL DEFAULT '',
+	data        TEXT,
+	received_at INTEGER NOT NULL
+);
+CREATE INDEX events_node ON events(node_id, id);
+CREATE TABLE operator_tokens (
+	id         INTEGER PRIMARY KEY,
+	hash       BLOB NOT NULL UNIQUE,
+	created_at INTEGER NOT NULL
+);
+`
+
+// sqliteStore is the SQLite Store.
+type sqliteStore struct {
+	// w is the one connection that writes; r reads concurrently under WAL.
+	w, r *sql.DB
+}
+
+// OpenSQLite opens (creating when missing) the database DBFile in dir, which
+// is created 0700 when it does not exist, and brings its schema up to date.
+func OpenSQLite(dir string) (Store, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("store: data directory: %w", err)
+	}
+	return OpenSQLiteFile(filepath.Join(dir, DBFile))
+}
+
+// OpenSQLiteFile opens the database at path.
+func OpenSQLiteFile(path string) (Store, error) {
+	if strings.ContainsAny(path, "?#") {
+		return nil, fmt.Errorf("store: database path %q: ? and # are not allowed", path)
+	}
+	// Create the file 0600 ourselves: SQLite would use 0644 less the umask,
+	// and the database holds token hashes and every node's claims.
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	f.Close()
+	const common = "_busy_timeout=10000&_foreign_keys=1&_synchronous=NORMAL&_txlock=immediate"
+	w, err := sql.Open("sqlite", path+"?_journal_mode=WAL&"+common)
+	if err != nil {
+		return nil, fmt.Errorf("store: open %s: %w", path, err)
+	}
+	w.SetMaxOpenConns(1)
+	w.SetMaxIdleConns(1)
+	w.SetConnMaxLifetime(0)
+	w.SetConnMaxIdleTime(0)
+	s := &sqliteStore{w: w}
+	if err := s.migrate(context.Background()); err != nil {
+		w.Close()
+		return nil, fmt.Errorf("store: %s: %w", path, err)
+	}
+	r, err := sql.Open("sqlite", path+"?_query_only=1&"+common)
+	if err != nil {
+		w.Close()
+		return nil, fmt.Errorf("store: open %s: %w", path, err)
+	}
+	r.SetMaxOpenConns(8)
+	r.SetMaxIdleConns(8)
+	s.r = r
+	return s, nil
+}
+
+func (s *sqliteStore) migrate(ctx context.Context) error {
+	var v int
+	if err := s.w.QueryRowContext(ctx, "PRAGMA user_version").Scan(&v); err != nil {
+		return fmt.Errorf("read schema version: %w", err)
+	}
+	switch {
+	case v == schemaVersion:
+		return nil
+	case v > schemaVersion:
+		return fmt.Errorf("schema version %d is newer than this build's %d; run a newer better-compute", v, schemaVersion)
+	}
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, schema); err != nil {
+		return fmt.Errorf("create schema: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", schemaVersion)); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+func (s *sqliteStore) Close() error {
+	return errors.Join(s.r.Close(), s.w.Close())
+}
+
+// tx runs fn in a write transaction.
+func (s *sqliteStore) tx(ctx context.Context, fn func(*sql.Tx) error) error {
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if err := fn(tx); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// ms is a time as stored; the zero time is NULL.
+func ms(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return t.UnixMilli()
+}
+
+// fromMS reads a stored time.
+func fromMS(v sql.NullInt64) time.Time {
+	if !v.Valid {
+		return time.Time{}
+	}
+	return time.UnixMilli(v.Int64).UTC()
+}
+
+// nullJSON stores empty JSON as NULL.
+func nullJSON(b []byte) any {
+	if len(b) == 0 {
+		return nil
+	}
+	return string(b)
+}
+
+func rowsAffected(res sql.Result) (int64, error) {
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+func wrap(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, sql.ErrNoRows) {
+		return fmt.Errorf("store: %s: %w", op, ErrNotFound)
+	}
+	return fmt.Errorf("store: %s: %w", op, err)
+}

@@ -1,0 +1,142 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+)
+
+const nodeColumns = `id, role, site, pool, spiffe_id, claims, system_uuid, tpm_ek_sha256, cert_serial, cert_not_after,
+	state, cordoned, created_at, updated_at, joined_at, deleted_at, session_id, daemon_version, last_seen_at, spec_revision`
+
+func scanNode(sc interface{ Scan(...any) error }) (Node, error) {
+	var n Node
+	var claims string
+	var notAfter, created, updated, joined, deleted, lastSeen, session sql.NullInt64
+	if err := sc.Scan(&n.ID, &n.Role, &n.Site, &n.Pool, &n.SPIFFEID, &claims, &n.SystemUUID, &n.TPMEKSHA256,
+		&n.CertSerial, &notAfter, &n.State, &n.Cordoned, &created, &updated, &joined, &deleted, &session,
+		&n.DaemonVersion, &lastSeen, &n.SpecRevision); err != nil {
+		return Node{}, err
+	}
+	n.Claims = []byte(claims)
+	n.CertNotAfter, n.CreatedAt, n.UpdatedAt, n.JoinedAt = fromMS(notAfter), fromMS(created), fromMS(updated), fromMS(joined)
+	n.DeletedAt, n.LastSeenAt = fromMS(deleted), fromMS(lastSeen)
+	n.SessionID = session.Int64
+	return n, nil
+}
+
+func (s *sqliteStore) Admit(ctx context.Context, a Admission) error {
+	n := a.Node
+	claims := string(n.Claims)
+	if claims == "" {
+		claims = "{}"
+	}
+	return wrap("admit node "+n.ID, s.tx(ctx, func(tx *sql.Tx) error {
+		if a.TokenID != "" {
+			if err := consumeToken(ctx, tx, a.TokenID, n.ID, a.Now); err != nil {
+				return err
+			}
+		}
+		if a.Reclaim {
+			return updateLiveNode(ctx, tx, n.ID, `role = ?, site = ?, pool = ?, spiffe_id = ?, claims = ?,
+				system_uuid = ?, tpm_ek_sha256 = ?, cert_serial = ?, cert_not_after = ?, state = ?,
+				updated_at = ?, joined_at = ?`,
+				n.Role, n.Site, n.Pool, n.SPIFFEID, claims, n.SystemUUID, n.TPMEKSHA256, n.CertSerial,
+				ms(n.CertNotAfter), n.State, ms(a.Now), ms(a.Now))
+		}
+		_, err := tx.ExecContext(ctx, `INSERT INTO nodes (id, role, site, pool, spiffe_id, claims, system_uuid,
+			tpm_ek_sha256, cert_serial, cert_not_after, state, cordoned, created_at, updated_at, joined_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?)`,
+			n.ID, n.Role, n.Site, n.Pool, n.SPIFFEID, claims, n.SystemUUID, n.TPMEKSHA256, n.CertSerial,
+			ms(n.CertNotAfter), n.State, ms(a.Now), ms(a.Now), ms(a.Now))
+		if isConstraint(err) {
+			return ErrExists
+		}
+		return err
+	}))
+}
+
+func (s *sqliteStore) GetNode(ctx context.Context, id string) (Node, error) {
+	n, err := scanNode(s.r.QueryRowContext(ctx, `SELECT `+nodeColumns+` FROM nodes WHERE id = ?`, id))
+	return n, wrap("node "+id, err)
+}
+
+func (s *sqliteStore) FindNodeByClaims(ctx context.Context, systemUUID, tpmEKSHA256 string) (Node, error) {
+	if tpmEKSHA256 != "" {
+		n, err := scanNode(s.r.QueryRowContext(ctx, `SELECT `+nodeColumns+` FROM nodes
+			WHERE tpm_ek_sha256 = ? AND tpm_ek_sha256 != '' AND deleted_at IS NULL ORDER BY joined_at DESC LIMIT 1`, tpmEKSHA256))
+		if !errors.Is(err, sql.ErrNoRows) {
+			return n, wrap("find node by TPM EK", err)
+		}
+	}
+	if systemUUID != "" {
+		n, err := scanNode(s.r.QueryRowContext(ctx, `SELECT `+nodeColumns+` FROM nodes
+			WHERE system_uuid = ? AND system_uuid != '' AND deleted_at IS NULL ORDER BY joined_at DESC LIMIT 1`, systemUUID))
+		return n, wrap("find node by system UUID", err)
+	}
+	return Node{}, fmt.Errorf("store: find node by claims: %w", ErrNotFound)
+}
+
+func (s *sqliteStore) ListNodes(ctx context.Context) ([]Node, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT `+nodeColumns+` FROM nodes WHERE deleted_at IS NULL ORDER BY id`)
+	if err != nil {
+		return nil, wrap("list nodes", err)
+	}
+	defer rows.Close()
+	var out []Node
+	for rows.Next() {
+		n, err := scanNode(rows)
+		if err != nil {
+			return nil, wrap("list nodes", err)
+		}
+		out = append(out, n)
+	}
+	return out, wrap("list nodes", rows.Err())
+}
+
+// updateLiveNode runs a one-row UPDATE of a node that is not deleted and
+// tells a missing node (ErrNotFound) from a deleted one (ErrNodeDeleted).
+func updateLiveNode(ctx context.Context, tx *sql.Tx, id, set string, args ...any) error {
+	res, err := tx.ExecContext(ctx, `UPDATE nodes SET `+set+` WHERE id = ? AND deleted_at IS NULL`, append(args, id)...)
+	if err != nil {
+		return err
+	}
+	if n, err := rowsAffected(res); err != nil || n == 1 {
+		return err
+	}
+	var deleted sql.NullInt64
+	if err := tx.QueryRowContext(ctx, `SELECT deleted_at FROM nodes WHERE id = ?`, id).Scan(&deleted); err != nil {
+		return err
+	}
+	return ErrNodeDeleted
+}
+
+func (s *sqliteStore) DeleteNode(ctx context.Context, id string, at time.Time) error {
+	return wrap("delete node "+id, s.tx(ctx, func(tx *sql.Tx) error {
+		if err := updateLiveNode(ctx, tx, id, `deleted_at = ?, updated_at = ?`, ms(at), ms(at)); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, `UPDATE commands SET state = 'FAILED', reason = 'NodeDeleted',
+			message = 'the node was deleted', updated_at = ?
+			WHERE node_id = ? AND state NOT IN ('SUCCEEDED', 'FAILED', 'UNSUPPORTED')`, ms(at), id)
+		return err
+	}))
+}
+
+func (s *sqliteStore) SetCordoned(ctx context.Context, id string, cordoned bool, at time.Time) error {
+	return wrap("cordon node "+id, s.tx(ctx, func(tx *sql.Tx) error {
+		return updateLiveNode(ctx, tx, id, `cordoned = ?, updated_at = ?`, cordoned, ms(at))
+	}))
+}
+
+func (s *sqliteStore) SetNodeState(ctx context.Context, id, from, to string, at time.Time) (bool, error) {
+	res, err := s.w.ExecContext(ctx, `UPDATE nodes SET state = ?, updated_at = ? WHERE id = ? AND state = ? AND deleted_at IS NULL`,
+		to, ms(at), id, from)
+	if err != nil {
+		return false, wrap("node state", err)
+	}
+	n, err := rowsAffected(res)
+	return n == 1, wrap("node state", err)
+}

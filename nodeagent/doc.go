@@ -1,0 +1,13 @@
+// Package nodeagent is bcd node and bcd doctor.
+//
+// bcd node runs on every installed server: it loads config.toml and the identity bcd
+// join stored (refusing one whose role is not node), opens the journal, serves a
+// small JSON status on its unix socket (socket_path; the only thing it listens on —
+// it opens no TCP port), and keeps the agent session to the gateway, running the
+// node's command kinds: node.reboot (reported RUNNING, recorded in the journal with
+// the boot id, then SUCCEEDED from the next boot, or FAILED "the node did not reboot"
+// when the boot id did not change). Every other kind is answered UNSUPPORTED.
+//
+// bcd doctor runs a list of checks together (config, identity, gateway) and reports
+// each by name on its own line.
+package nodeagent

@@ -1,0 +1,216 @@
+package nodeagent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"time"
+
+	"github.com/better-compute/bcd/agent"
+	"github.com/better-compute/bcd/agent/journal"
+	"github.com/better-compute/bcd/config"
+	"github.com/better-compute/bcd/protocol"
+)
+
+// ResetHint ends every message that sends an operator to bcd join --reset.
+const ResetHint = "bcd join --reset --yes, then bcd join"
+
+// Node is bcd node. Config is required; every other field has a default.
+type Node struct {
+	// Config is the loaded config.toml.
+	Config *config.Config
+	// Logger receives the agent's log; nil discards it.
+	Logger *slog.Logger
+	// Rebooter restarts the machine for node.reboot; nil is SystemRebooter.
+	Rebooter Rebooter
+	// BootID reads the current boot id; nil is agent.BootID.
+	BootID func() (string, error)
+	// Claims gathers the hardware claims for Hello; nil is agent.ClaimsSource{}.
+	Claims func(context.Context) protocol.Claims
+	// Backoff, PingInterval and PingTimeout tune the session (zero: defaults).
+	Backoff                   agent.Backoff
+	PingInterval, PingTimeout time.Duration
+	// Listening, if set, is called with the status socket's path once it serves.
+	Listening func(path string)
+
+	log      *slog.Logger
+	rebooter Rebooter
+	id       *agent.Identity
+	journal  *journal.Journal
+	session  *agent.Session
+	bootID   string
+	// pending is a node.reboot an earlier process started; finishReboot settles
+	// it on the first Welcome.
+	pending *pendingReboot
+}
+
+// DataDir is config.toml's data_dir or its default.
+func DataDir(c *config.Config) string {
+	if c.DataDir != "" {
+		return c.DataDir
+	}
+	return config.DefaultDataDir
+}
+
+// JournalPath is [journal] path or data_dir/journal.db.
+func JournalPath(c *config.Config) string {
+	if c.Journal != nil && c.Journal.Path != "" {
+		return c.Journal.Path
+	}
+	return filepath.Join(DataDir(c), journal.FileName)
+}
+
+// SocketPath is socket_path or its default.
+func SocketPath(c *config.Config) string {
+	if c.SocketPath != "" {
+		return c.SocketPath
+	}
+	return config.DefaultSocketPath
+}
+
+// Run runs the node agent until ctx is done, then returns nil.
+func (n *Node) Run(ctx context.Context) error {
+	c := n.Config
+	if c == nil {
+		return errors.New("bcd node: no configuration")
+	}
+	n.log = n.Logger
+	if n.log == nil {
+		n.log = slog.New(slog.DiscardHandler)
+	}
+	n.rebooter = n.Rebooter
+	if n.rebooter == nil {
+		n.rebooter = SystemRebooter
+	}
+	if c.GatewayURL == "" || c.ServingCASPKIPin == "" {
+		return errors.New("bcd node: config.toml needs gateway_url and serving_ca_spki_pin")
+	}
+	dataDir := DataDir(c)
+	id, err := agent.LoadIdentity(dataDir)
+	switch {
+	case errors.Is(err, agent.ErrNotJoined):
+		return fmt.Errorf("bcd node: this machine has not joined (no %s in %s): run bcd join first", agent.IdentityFile, dataDir)
+	case err != nil:
+		return fmt.Errorf("bcd node: the identity does not load: %w; to join again: %s", err, ResetHint)
+	case id.Role != protocol.RoleNode:
+		return fmt.Errorf("bcd node: %s holds the identity of %s %s; bcd node runs only a node identity (bcd %s runs this one)", dataDir, id.Role, id.NodeID, id.Role)
+	}
+	n.id = id
+	serverName, err := agent.ServerName(c.GatewayURL, c.GatewayServerName)
+	if err != nil {
+		return fmt.Errorf("bcd node: %w", err)
+	}
+	readBootID := n.BootID
+	if readBootID == nil {
+		readBootID = agent.BootID
+	}
+	if n.bootID, err = readBootID(); err != nil {
+		return fmt.Errorf("bcd node: %w", err)
+	}
+
+	j, err := journal.Open(JournalPath(c), id.NodeID, journal.Options{
+		MaxEntries: int(c.JournalOrDefault().MaxEntries),
+		Logger:     n.log,
+	})
+	if err != nil {
+		return fmt.Errorf("bcd node: %w", err)
+	}
+	defer j.Close()
+	n.journal = j
+	if raw, err := j.State(stateReboot); err != nil {
+		return fmt.Errorf("bcd node: %w", err)
+	} else if raw != nil {
+		var p pendingReboot
+		if err := json.Unmarshal(raw, &p); err != nil {
+			n.log.Error("ignoring an unreadable pending reboot record", "error", err.Error())
+			_ = j.DeleteState(stateReboot)
+		} else {
+			n.pending = &p
+		}
+	}
+
+	claimsFn := n.Claims
+	if claimsFn == nil {
+		claimsFn = agent.ClaimsSource{}.Collect
+	}
+	claims := claimsFn(ctx)
+	n.session = &agent.Session{
+		GatewayURL:   c.GatewayURL,
+		ServerName:   serverName,
+		ServingCAPin: c.ServingCASPKIPin,
+		Identity:     id,
+		Journal:      j,
+		Handlers:     map[string]agent.Handler{protocol.KindNodeReboot: n.runReboot},
+		OnWelcome: func(ctx context.Context, w protocol.Welcome, first bool) {
+			if first {
+				n.finishReboot()
+			}
+		},
+		OnSpec: func(ctx context.Context, s protocol.Spec) {
+			// No section is applied by bcd node yet; the revision is logged so
+			// an operator can see the spec arrive.
+			n.log.Info("desired state received", "revision", s.Revision, "sections", len(s.Sections))
+		},
+		Claims:       &claims,
+		BootID:       n.bootID,
+		Backoff:      n.Backoff,
+		PingInterval: n.PingInterval,
+		PingTimeout:  n.PingTimeout,
+		Logger:       n.log,
+	}
+
+	sock, err := listenStatus(SocketPath(c), c.Helper != nil)
+	if err != nil {
+		return fmt.Errorf("bcd node: %w", err)
+	}
+	srv := newStatusServer(n)
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(sock) }()
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	if n.Listening != nil {
+		n.Listening(SocketPath(c))
+	}
+	n.log.Info("bcd node started", "node_id", id.NodeID, "gateway", c.GatewayURL, "socket", SocketPath(c), "boot_id", n.bootID)
+
+	sctx, stopSession := context.WithCancel(ctx)
+	defer stopSession()
+	sessErr := make(chan error, 1)
+	go func() { sessErr <- n.session.Run(sctx) }()
+	select {
+	case err := <-sessErr:
+		if ctx.Err() != nil {
+			n.log.Info("bcd node stopped")
+			return nil
+		}
+		return fmt.Errorf("bcd node: %w", err)
+	case err := <-serveErr:
+		// The session still uses the journal: end it before the journal closes.
+		stopSession()
+		<-sessErr
+		return fmt.Errorf("bcd node: status socket: %w", err)
+	}
+}
+
+// Status is what the status socket answers.
+type Status struct {
+	NodeID string `json:"node_id"`
+	Role   string `json:"role"`
+	Site   string `json:"site,omitempty"`
+	// State is the node's state as the gateway last said (adopting, ready,
+	// cordoned…), or "unknown" before the first Welcome.
+	State       string    `json:"state"`
+	Connected   bool      `json:"connected"`
+	Gateway     string    `json:"gateway"`
+	Version     string    `json:"version"`
+	BootID      string    `json:"boot_id"`
+	Pending     int       `json:"pending"`
+	LastWelcome time.Time `json:"last_welcome,omitzero"`
+	LastError   string    `json:"last_error,omitempty"`
+}

@@ -1,0 +1,276 @@
+package nodeagent
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/better-compute/bcd/agent"
+	"github.com/better-compute/bcd/agent/agenttest"
+	"github.com/better-compute/bcd/agent/journal"
+	"github.com/better-compute/bcd/config"
+	"github.com/better-compute/bcd/internal/version"
+	"github.com/better-compute/bcd/protocol"
+)
+
+type nodeFixture struct {
+	g       *agenttest.Gateway
+	cfgPath string
+	cfg     *config.Config
+	dataDir string
+}
+
+func newNodeFixture(t *testing.T, role string) *nodeFixture {
+	t.Helper()
+	g := agenttest.New(t)
+	dataDir := filepath.Join(t.TempDir(), "data")
+	g.Identity(t, dataDir, role, "node_a")
+	path := g.WriteConfig(t, t.TempDir(), dataDir)
+	cfg, err := config.Load(path, config.ParseOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &nodeFixture{g: g, cfgPath: path, cfg: cfg, dataDir: dataDir}
+}
+
+// start runs a Node ("a process") until stop is called; stop waits for Run.
+func (f *nodeFixture) start(t *testing.T, bootID string, reboot Rebooter) (n *Node, stop func() error) {
+	t.Helper()
+	n = &Node{
+		Config:   f.cfg,
+		Rebooter: reboot,
+		BootID:   func() (string, error) { return bootID, nil },
+		Claims:   func(context.Context) protocol.Claims { return protocol.Claims{Hostname: "test"} },
+		Backoff:  agent.Backoff{Initial: 5 * time.Millisecond, Max: 20 * time.Millisecond},
+	}
+	listening := make(chan struct{})
+	n.Listening = func(string) { close(listening) }
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- n.Run(ctx) }()
+	select {
+	case <-listening:
+	case err := <-done:
+		cancel()
+		t.Fatalf("Run: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("node did not start")
+	}
+	var once sync.Once
+	var err error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			select {
+			case err = <-done:
+			case <-time.After(10 * time.Second):
+				t.Error("Run did not return")
+			}
+		})
+		return err
+	}
+	t.Cleanup(func() { stop() })
+	return n, stop
+}
+
+// statuses collects every status the gateway receives, acknowledging each.
+type statuses struct {
+	mu  sync.Mutex
+	all []protocol.Status
+}
+
+func (s *statuses) record(f protocol.Frame) {
+	if f.Type != protocol.FrameStatus {
+		return
+	}
+	var st protocol.Status
+	if f.Decode(&st) == nil {
+		s.mu.Lock()
+		s.all = append(s.all, st)
+		s.mu.Unlock()
+	}
+}
+
+func (s *statuses) find(cmdID, state string) *protocol.Status {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := range s.all {
+		if s.all[i].CommandID == cmdID && s.all[i].State == state {
+			return &s.all[i]
+		}
+	}
+	return nil
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func testReboot(t *testing.T, newBootID, wantState, wantMessage string) {
+	f := newNodeFixture(t, protocol.RoleNode)
+	var got statuses
+	var sentOnce sync.Once
+	f.g.OnSession = func(ctx context.Context, c *agenttest.Conn) {
+		sentOnce.Do(func() {
+			c.Send(ctx, protocol.FrameCommand, protocol.Command{ID: "cmd_reboot", Kind: protocol.KindNodeReboot})
+		})
+		agenttest.AckAll(ctx, c, got.record)
+	}
+	rebooted := make(chan struct{})
+	fake := RebooterFunc(func() error { close(rebooted); return nil })
+	_, stop := f.start(t, "boot-1", fake)
+	select {
+	case <-rebooted:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the node did not reboot")
+	}
+	if got.find("cmd_reboot", protocol.StateRunning) == nil {
+		t.Error("no RUNNING before the reboot")
+	}
+	// The machine goes down: the process ends.
+	if err := stop(); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	// The next process, after the restart.
+	f.start(t, newBootID, RebooterFunc(func() error { t.Error("rebooted again"); return nil }))
+	waitFor(t, "the end of node.reboot", func() bool { return got.find("cmd_reboot", wantState) != nil })
+	st := got.find("cmd_reboot", wantState)
+	if !strings.Contains(st.Message, wantMessage) {
+		t.Errorf("status = %+v, want message %q", st, wantMessage)
+	}
+	if f.g.Hellos()[1].BootID != newBootID {
+		t.Errorf("second hello boot id = %q", f.g.Hellos()[1].BootID)
+	}
+}
+
+func TestRebootSucceedsWithNewBootID(t *testing.T) {
+	testReboot(t, "boot-2", protocol.StateSucceeded, "rebooted")
+}
+
+func TestRebootFailsWithSameBootID(t *testing.T) {
+	testReboot(t, "boot-1", protocol.StateFailed, "the node did not reboot")
+}
+
+func TestRebootErrorIsFailed(t *testing.T) {
+	f := newNodeFixture(t, protocol.RoleNode)
+	var got statuses
+	f.g.OnSession = func(ctx context.Context, c *agenttest.Conn) {
+		c.Send(ctx, protocol.FrameCommand, protocol.Command{ID: "cmd_reboot", Kind: protocol.KindNodeReboot})
+		c.Send(ctx, protocol.FrameCommand, protocol.Command{ID: "cmd_upgrade", Kind: protocol.KindDaemonUpgrade})
+		agenttest.AckAll(ctx, c, got.record)
+	}
+	f.start(t, "boot-1", RebooterFunc(func() error { return os.ErrPermission }))
+	waitFor(t, "FAILED", func() bool { return got.find("cmd_reboot", protocol.StateFailed) != nil })
+	waitFor(t, "UNSUPPORTED daemon.upgrade", func() bool { return got.find("cmd_upgrade", protocol.StateUnsupported) != nil })
+}
+
+func TestNodeRefusesAnotherRole(t *testing.T) {
+	f := newNodeFixture(t, protocol.RoleSite)
+	err := (&Node{Config: f.cfg, BootID: func() (string, error) { return "b", nil }}).Run(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "only a node identity") {
+		t.Fatalf("Run with a site identity = %v", err)
+	}
+}
+
+func TestNodeRefusesForeignJournal(t *testing.T) {
+	f := newNodeFixture(t, protocol.RoleNode)
+	j, err := journal.Open(JournalPath(f.cfg), "node_old", journal.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j.Close()
+	err = (&Node{Config: f.cfg, BootID: func() (string, error) { return "b", nil }}).Run(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "the journal belongs to node node_old, not node_a") {
+		t.Fatalf("Run with another node's journal = %v", err)
+	}
+}
+
+func TestNodeNotJoined(t *testing.T) {
+	f := newNodeFixture(t, protocol.RoleNode)
+	f.cfg.DataDir = t.TempDir()
+	err := (&Node{Config: f.cfg}).Run(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "run bcd join first") {
+		t.Fatalf("Run without an identity = %v", err)
+	}
+}
+
+func unixClient(path string) *http.Client {
+	return &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", path)
+		},
+	}, Timeout: 5 * time.Second}
+}
+
+func TestStatusSocket(t *testing.T) {
+	for _, helper := range []bool{false, true} {
+		f := newNodeFixture(t, protocol.RoleNode)
+		sock := SocketPath(f.cfg)
+		if helper {
+			f.cfg.Helper = &config.Helper{User: "bcd"}
+		}
+		// A stale socket from a crashed run: nobody answers, so it is replaced.
+		ln, err := net.Listen("unix", sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln.(*net.UnixListener).SetUnlinkOnClose(false)
+		ln.Close()
+
+		f.start(t, "boot-1", nil)
+		fi, err := os.Stat(sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := os.FileMode(0o600)
+		if helper {
+			want = 0o660
+		}
+		if fi.Mode().Perm() != want {
+			t.Errorf("helper=%v: socket mode %04o, want %04o", helper, fi.Mode().Perm(), want)
+		}
+		client := unixClient(sock)
+		var st Status
+		waitFor(t, "connected", func() bool {
+			resp, err := client.Get("http://bcd" + StatusPath)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			st = Status{}
+			json.NewDecoder(resp.Body).Decode(&st)
+			return st.Connected
+		})
+		if st.NodeID != "node_a" || st.Role != "node" || st.State != protocol.NodeReady || st.Gateway != f.g.URL ||
+			st.Version != version.Version || st.BootID != "boot-1" {
+			t.Errorf("status = %+v", st)
+		}
+		// A second node on the same socket is refused while the first serves.
+		_, err = listenStatus(sock, false)
+		if err == nil || !strings.Contains(err.Error(), "already running") {
+			t.Errorf("second listener: %v", err)
+		}
+	}
+}
+
+func TestStatusSocketRefusesNonSocket(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "bcd.sock")
+	os.WriteFile(path, []byte("not a socket"), 0o600)
+	if _, err := listenStatus(path, false); err == nil || !strings.Contains(err.Error(), "not a socket") {
+		t.Fatalf("listenStatus over a file = %v", err)
+	}
+}

@@ -1,0 +1,60 @@
+package protocol
+
+import "time"
+
+// Spec section names.
+const (
+	SectionBoot      = "boot"       // a site's boot table: BootSection
+	SectionBMCHosts  = "bmc_hosts"  // a site's BMCs: BMCHostsSection
+	SectionHTTPProxy = "http_proxy" // a site's proxy for the boot network: HTTPProxySection
+)
+
+// Boot modes of a boot entry.
+const (
+	BootRamdisk = "ramdisk" // PXE-boot the ramdisk
+	BootLocal   = "local"   // boot the installed disk
+)
+
+// BootSection is the site's boot table: what each machine it serves should boot. A
+// machine without an entry is not answered at all, so the site never fights a
+// network's own DHCP over machines that are not ours.
+type BootSection struct {
+	Entries []BootEntry `json:"entries"`
+}
+
+// BootEntry is one machine's boot entry, by MAC (lowercase, colon-separated).
+type BootEntry struct {
+	MAC     string `json:"mac"`
+	Mode    string `json:"mode"`              // BootRamdisk or BootLocal
+	Kernel  string `json:"kernel,omitempty"`  // ramdisk: URL; empty means the site's [boot] kernel
+	Initrd  string `json:"initrd,omitempty"`  // ramdisk: URL; empty means the site's [boot] initrd
+	Cmdline string `json:"cmdline,omitempty"` // ramdisk: extra kernel parameters
+	Machine string `json:"machine,omitempty"` // the control plane's machine id, for events
+}
+
+// Event kinds a site agent sends.
+const (
+	EventMachineBooted = "machine.booted" // MachineBooted: the site served a machine
+	EventBootNonce     = "boot.nonce"     // BootNonce: the site minted a nonce for a MAC
+)
+
+// MachineBooted is the data of a machine.booted event: one step of a machine's boot
+// that the site agent served.
+type MachineBooted struct {
+	MAC        string    `json:"mac"`
+	Stage      string    `json:"stage"`                 // dhcp, pxe, tftp, script, kernel, initrd
+	Arch       int       `json:"arch,omitempty"`        // DHCP option 93
+	ClientGUID string    `json:"client_guid,omitempty"` // DHCP option 97
+	IP         string    `json:"ip,omitempty"`
+	File       string    `json:"file,omitempty"` // what was served
+	Time       time.Time `json:"time"`
+}
+
+// BootNonce is the data of a boot.nonce event: the nonce the site put on a machine's
+// ramdisk command line. The discovery attestor accepts it once, from that MAC, before
+// it expires.
+type BootNonce struct {
+	MAC       string    `json:"mac"`
+	Nonce     string    `json:"nonce"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
