@@ -9,7 +9,7 @@ BIN      := bin
 # Every Go build here is static: the same bcd runs on a host, in a ramdisk and in a test root.
 export CGO_ENABLED := 0
 
-.PHONY: all build deps test lint demo clean
+.PHONY: all build deps test lint demo release initramfs clean
 
 all: build
 
@@ -29,10 +29,19 @@ lint:
 # BCD_REQUIRE_ALL=1: a test that would skip for a missing tool, root or VM fails instead.
 test: deps lint
 	BCD_REQUIRE_ALL=1 $(GO) test -count=1 -timeout 30m ./...
-	BCD_REQUIRE_ALL=1 $(GO) test -count=1 -timeout 10m -tags fakehw ./...
+	BCD_REQUIRE_ALL=1 $(GO) test -count=1 -timeout 10m -tags fakehw ./agent/... ./cmd/bcd/... ./nodeagent/...
 
 demo: deps build
 	scripts/demo.sh
+
+# dist/: bare binaries, archives, .sha256 files and checksums.txt for linux/amd64 and arm64.
+release:
+	VERSION=$(VERSION) scripts/release.sh
+
+# The PXE ramdisk: u-root + bcd + tools + Debian kernel modules, next to Debian's kernel.
+initramfs: deps
+	initramfs/build.sh $(BIN)/initramfs.xz .cache/kernel/current
+	cp .cache/kernel/current/vmlinuz $(BIN)/vmlinuz
 
 clean:
 	rm -rf $(BIN)

@@ -24,7 +24,7 @@ func newRoot() *cobra.Command {
 		Short: "better-compute: the control plane and the operator's CLI for a bare-metal fleet",
 		Args:  cli.NoArgs,
 	}
-	root.AddCommand(newVersionCmd(), newPKICmd())
+	root.AddCommand(newVersionCmd(), newPKICmd(), newReleaseCmd(), newDaemonCmd())
 	root.AddCommand(newServeCmd(), newTokensCmd(), newSitesCmd(), newNodesCmd(), newCommandsCmd())
 	return root
 }
