@@ -101,7 +101,8 @@ type planSession struct {
 // holdSessions joins n nodes, has a helper process (this test binary)
 // open a session for each, and measures this process (the control plane
 // alone) before and after: heap and stack bytes, and goroutines, per
-// session.
+// session. BCD_MEM_DEBUG=1 prints heap and stack apart; BCD_MEM_PROFILE=F
+// writes a full heap profile (and F.goroutine) once the sessions are up.
 func holdSessions(tb testing.TB, n int) (bytesPerSession, goroutinesPerSession float64) {
 	if os.Getenv("BCD_MEM_PROFILE") != "" {
 		runtime.MemProfileRate = 1
