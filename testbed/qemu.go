@@ -42,6 +42,9 @@ type VMConfig struct {
 	Disk string
 	// PXEFirst boots from the NIC before the disk.
 	PXEFirst bool
+	// NoNICROM leaves the NIC without QEMU's iPXE option ROM, so the firmware's own
+	// PXE client boots (OVMF's EDK2 PXE, which fetches iPXE over TFTP).
+	NoNICROM bool
 	// Accel is "tcg" or "kvm"; empty means Accelerator()'s choice.
 	Accel string
 	// Extra QEMU arguments.
@@ -76,7 +79,7 @@ func (c VMConfig) Args() ([]string, error) {
 		"-name", c.Name,
 		"-m", fmt.Sprint(mem),
 		"-smp", "1",
-		"-display", "none",
+		"-nographic", // with -vga none, SeaBIOS and iPXE print to the serial console (fw_cfg sercon)
 		"-vga", "none",
 		"-serial", "file:" + filepath.Join(c.Dir, "serial.log"),
 		"-monitor", "none",
@@ -113,8 +116,12 @@ func (c VMConfig) Args() ([]string, error) {
 		if c.MAC == "" {
 			return nil, errors.New("testbed: a VM with a tap needs a MAC")
 		}
+		rom := ""
+		if c.NoNICROM {
+			rom = ",romfile="
+		}
 		a = append(a, "-netdev", "tap,id=n0,ifname="+c.Tap+",script=no,downscript=no",
-			"-device", fmt.Sprintf("virtio-net-pci,netdev=n0,mac=%s,bootindex=%d", c.MAC, nicIndex))
+			"-device", fmt.Sprintf("virtio-net-pci,netdev=n0,mac=%s,bootindex=%d%s", c.MAC, nicIndex, rom))
 	} else {
 		a = append(a, "-nic", "none")
 	}

@@ -1,0 +1,591 @@
+package boot
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"net/url"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/insomniacslk/dhcp/dhcpv4"
+
+	"github.com/better-compute/bcd/ipxe"
+)
+
+// DHCP options the proxyDHCP reads or writes.
+const (
+	optVendorSpecific = 43  // PXE vendor options
+	optMessageType    = 53  //
+	optServerID       = 54  //
+	optClassID        = 60  // PXEClient:Arch:…, HTTPClient:…
+	optRelayAgentInfo = 82  // echoed to relay agents (RFC 3046)
+	optUserClass      = 77  // iPXE sends "iPXE"
+	optClientArch     = 93  // RFC 4578 client system architecture
+	optClientGUID     = 97  // RFC 4578 client machine identifier
+	optIPXEEncap      = 175 // iPXE's encapsulated options: only iPXE sends it
+)
+
+// PXE vendor sub-options inside option 43.
+const (
+	pxeDiscoveryControl = 6   // 8: skip boot server discovery, boot the file in this packet
+	pxeBootItem         = 71  // the boot server item a 4011 request asks for; echoed
+	pxeEnd              = 255 //
+)
+
+// Client system architectures (option 93, IANA "Processor Architecture Types").
+const (
+	archBIOS       = 0
+	archEFIIA32    = 6
+	archEFIBC      = 7 // x86-64 UEFI, as EDK2 and iPXE send it
+	archEFIx64     = 9
+	archEFIARM64   = 11
+	archEFIx64HTTP = 16
+	archARM64HTTP  = 19
+)
+
+// DHCPStats counts what a ProxyDHCP did with the packets it read.
+type DHCPStats struct {
+	Received   uint64 // packets read
+	Malformed  uint64 // not a DHCP packet, or a PXE option of the wrong length: dropped
+	Ignored    uint64 // not for us: not PXE, no boot entry, an architecture without a binary, a REQUEST on 67 (the site DHCP server's)
+	Offers     uint64 // OFFERs sent (port 67)
+	Acks       uint64 // ACKs sent (port 4011)
+	SendErrors uint64 // replies the kernel refused
+	ReadErrors uint64 // failed reads other than the socket closing
+}
+
+type dhcpCounters struct {
+	received, malformed, ignored, offers, acks, sendErrors, readErrors atomic.Uint64
+}
+
+// ProxyDHCP is a proxyDHCP server (PXE specification 2.1, the "PXE Proxy DHCP"
+// service): it answers PXE clients whose MAC has a boot entry with where to get their
+// boot file, and never hands out an address, so it runs beside the network's own
+// DHCP server. The zero value of every optional field means the default.
+type ProxyDHCP struct {
+	// Interface is the network interface to serve, by name, looked up once by
+	// Listen. Both sockets are bound to it (SO_BINDTODEVICE): packets from other
+	// interfaces are never read, and every reply leaves through it, so relay
+	// agents must be reachable there. Required unless BroadcastAddr is set.
+	Interface string
+	// ServerIP is this host's IPv4 address on Interface: siaddr and option 54 of
+	// every reply, and so the TFTP server the firmware downloads from. Required.
+	ServerIP netip.Addr
+	// URL is the HTTP boot server's base URL ([boot] url, such as
+	// http://10.20.0.2:8080). iPXE clients get {URL}/ipxe/{mac}.ipxe, UEFI HTTP boot
+	// clients {URL}/ipxe/{EFIBinary}. Required; the script URL must fit the
+	// 127-byte file field.
+	URL string
+	// Table says which MACs boot. Required.
+	Table Table
+	// Observer hears of every OFFER and ACK sent; nil discards.
+	Observer Observer
+	// Logger logs each packet's fate at debug level only (per-packet logging costs
+	// a third of a server's rate) and unexpected failures at warn; nil discards.
+	Logger *slog.Logger
+
+	// Addr is the UDP address for DHCP; empty means 0.0.0.0:67, which with
+	// Interface hears the broadcasts of that interface only. Relay agents are
+	// answered on its port.
+	Addr string
+	// PXEAddr is the UDP address for the follow-up requests of PXE clients; empty
+	// means 0.0.0.0:4011.
+	PXEAddr string
+	// BroadcastAddr is where replies to clients without an address go. The zero
+	// value means 255.255.255.255:68, where firmware listens. Tests on loopback
+	// point it at their client.
+	BroadcastAddr netip.AddrPort
+
+	// BIOSBinary, EFIBinary and ARM64Binary are the TFTP file names by
+	// architecture: option 93 value 0, values 6, 7 and 9, and value 11. Empty means
+	// ipxe.BIOS, ipxe.EFI and ipxe.ARM64; set EFIBinary to ipxe.SNPOnly to boot
+	// through the firmware's network stack.
+	BIOSBinary, EFIBinary, ARM64Binary string
+
+	// Workers is how many goroutines read and answer on each socket; 0 means
+	// GOMAXPROCS.
+	Workers int
+
+	stats dhcpCounters
+
+	mu        sync.Mutex
+	dhcpConn  *net.UDPConn
+	pxeConn   *net.UDPConn
+	dhcpPort  uint16
+	broadcast netip.AddrPort
+	serverIP  net.IP
+	oob       []byte // IP_PKTINFO making ServerIP the source of every reply
+	base      string // URL without a trailing slash
+	log       *slog.Logger
+	warned    atomic.Bool
+}
+
+// Stats returns the counters so far.
+func (s *ProxyDHCP) Stats() DHCPStats {
+	return DHCPStats{
+		Received:   s.stats.received.Load(),
+		Malformed:  s.stats.malformed.Load(),
+		Ignored:    s.stats.ignored.Load(),
+		Offers:     s.stats.offers.Load(),
+		Acks:       s.stats.acks.Load(),
+		SendErrors: s.stats.sendErrors.Load(),
+		ReadErrors: s.stats.readErrors.Load(),
+	}
+}
+
+// ListenAndServe listens, then serves until ctx is done.
+func (s *ProxyDHCP) ListenAndServe(ctx context.Context) error {
+	if err := s.Listen(); err != nil {
+		return err
+	}
+	return s.Serve(ctx)
+}
+
+// Listen checks the configuration, looks the interface up once, and opens both
+// sockets.
+func (s *ProxyDHCP) Listen() error {
+	if err := s.setup(); err != nil {
+		return err
+	}
+	var ifindex int
+	if s.Interface != "" {
+		ifi, err := net.InterfaceByName(s.Interface)
+		if err != nil {
+			return fmt.Errorf("proxyDHCP interface %q: %w", s.Interface, err)
+		}
+		if err := hasAddr(ifi, s.ServerIP); err != nil {
+			return err
+		}
+		ifindex = ifi.Index
+	}
+	addr := cmpOr(s.Addr, "0.0.0.0:67")
+	dc, err := listenUDP(addr, s.Interface)
+	if err != nil {
+		return fmt.Errorf("proxyDHCP: listening on %s: %w", addr, err)
+	}
+	paddr := cmpOr(s.PXEAddr, "0.0.0.0:4011")
+	pc, err := listenUDP(paddr, s.Interface)
+	if err != nil {
+		dc.Close()
+		return fmt.Errorf("proxyDHCP: listening on %s: %w", paddr, err)
+	}
+	// A burst of machines powered on together must queue, not drop.
+	_ = dc.SetReadBuffer(1 << 20)
+	_ = pc.SetReadBuffer(1 << 20)
+	s.mu.Lock()
+	s.dhcpConn, s.pxeConn = dc, pc
+	s.dhcpPort = dc.LocalAddr().(*net.UDPAddr).AddrPort().Port()
+	if s.Interface != "" {
+		s.oob = pktinfo(ifindex, s.ServerIP)
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+// setup validates the fields and computes what every packet needs.
+func (s *ProxyDHCP) setup() error {
+	if !s.ServerIP.Is4() {
+		return errors.New("proxyDHCP: ServerIP must be an IPv4 address")
+	}
+	if s.Table == nil {
+		return errors.New("proxyDHCP: no boot Table")
+	}
+	u, err := url.Parse(s.URL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return errors.New("proxyDHCP: URL must be an http:// or https:// URL")
+	}
+	s.base = strings.TrimSuffix(s.URL, "/")
+	if n := len(s.base) + len("/ipxe/aa:bb:cc:dd:ee:ff.ipxe"); n > 127 {
+		return fmt.Errorf("proxyDHCP: URL is too long: the script URL would be %d bytes, the DHCP file field holds 127", n)
+	}
+	for _, name := range []string{s.BIOSBinary, s.EFIBinary, s.ARM64Binary} {
+		if strings.ContainsAny(name, "/\x00") || len(name) > 100 {
+			return fmt.Errorf("proxyDHCP: boot file name %q is not a plain file name", name)
+		}
+	}
+	s.broadcast = s.BroadcastAddr
+	if !s.broadcast.IsValid() {
+		if s.Interface == "" {
+			// Without a device, a broadcast would leave by the default route.
+			return errors.New("proxyDHCP: Interface is required to broadcast replies")
+		}
+		s.broadcast = netip.AddrPortFrom(netip.AddrFrom4([4]byte{255, 255, 255, 255}), 68)
+	}
+	ip := s.ServerIP.As4()
+	s.serverIP = net.IP(ip[:])
+	s.log = s.Logger
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+func hasAddr(ifi *net.Interface, ip netip.Addr) error {
+	addrs, err := ifi.Addrs()
+	if err != nil {
+		return fmt.Errorf("proxyDHCP interface %s: %w", ifi.Name, err)
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok {
+			if got, ok := netip.AddrFromSlice(n.IP); ok && got.Unmap() == ip {
+				return nil
+			}
+		}
+	}
+	return fmt.Errorf("proxyDHCP: %s is not an address of interface %s", ip, ifi.Name)
+}
+
+// Addrs returns the local addresses of the DHCP and PXE sockets once Listen has
+// opened them.
+func (s *ProxyDHCP) Addrs() (dhcp, pxe netip.AddrPort) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.dhcpConn == nil {
+		return netip.AddrPort{}, netip.AddrPort{}
+	}
+	return s.dhcpConn.LocalAddr().(*net.UDPAddr).AddrPort(), s.pxeConn.LocalAddr().(*net.UDPAddr).AddrPort()
+}
+
+// Serve answers on the sockets Listen opened until ctx is done, then closes them.
+func (s *ProxyDHCP) Serve(ctx context.Context) error {
+	s.mu.Lock()
+	dc, pc := s.dhcpConn, s.pxeConn
+	s.mu.Unlock()
+	if dc == nil {
+		return errors.New("proxyDHCP: Serve before Listen")
+	}
+	workers := s.Workers
+	if workers <= 0 {
+		workers = runtime.GOMAXPROCS(0)
+	}
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() { s.loop(dc, false) })
+		wg.Go(func() { s.loop(pc, true) })
+	}
+	<-ctx.Done()
+	dc.Close()
+	pc.Close()
+	wg.Wait()
+	return nil
+}
+
+func (s *ProxyDHCP) loop(c *net.UDPConn, pxePort bool) {
+	// Room for any datagram, so that an oversized one is seen whole and rejected
+	// rather than parsed truncated.
+	buf := make([]byte, 64<<10)
+	for {
+		n, src, err := c.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			s.stats.readErrors.Add(1)
+			s.log.Warn("proxyDHCP: read failed", "err", err)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		reply, dst, ok := s.handleSafe(buf[:n], pxePort, src)
+		if !ok {
+			continue
+		}
+		if err := send(c, reply, s.oob, dst); err != nil {
+			s.stats.sendErrors.Add(1)
+			if !s.warned.Swap(true) {
+				s.log.Warn("proxyDHCP: sending a reply failed (further failures are only counted)", "to", dst, "err", err)
+			}
+		}
+	}
+}
+
+// handleSafe is handle that survives a bug in the DHCP codec: one bad packet must
+// not take the boot server down for every machine.
+func (s *ProxyDHCP) handleSafe(b []byte, pxePort bool, src netip.AddrPort) (reply []byte, dst netip.AddrPort, ok bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.stats.malformed.Add(1)
+			s.log.Error("proxyDHCP: a packet crashed the handler and was dropped", "from", src, "panic", r)
+			reply, ok = nil, false
+		}
+	}()
+	return s.handle(b, pxePort, src)
+}
+
+// handle decides the answer to one datagram: the reply and where it goes, or ok
+// false for silence. It never panics on any input (FuzzHandleDHCP).
+func (s *ProxyDHCP) handle(b []byte, pxePort bool, src netip.AddrPort) (reply []byte, dst netip.AddrPort, ok bool) {
+	s.stats.received.Add(1)
+	debug := s.log.Enabled(context.Background(), slog.LevelDebug)
+	req, err := dhcpv4.FromBytes(b)
+	if err != nil {
+		s.stats.malformed.Add(1)
+		if debug {
+			s.log.Debug("proxyDHCP: dropping a malformed packet", "from", src, "err", err)
+		}
+		return nil, dst, false
+	}
+	d, why := s.decide(req, pxePort)
+	if d == nil {
+		if why == whyMalformed {
+			s.stats.malformed.Add(1)
+		} else {
+			s.stats.ignored.Add(1)
+		}
+		if debug {
+			s.log.Debug("proxyDHCP: not answering", "from", src, "mac", req.ClientHWAddr, "reason", why)
+		}
+		return nil, dst, false
+	}
+	reply = s.reply(req, d, pxePort).ToBytes()
+	dst = s.destination(req, pxePort, src)
+	served := ServedOffer
+	if d.ack {
+		served = ServedAck
+		s.stats.acks.Add(1)
+	} else {
+		s.stats.offers.Add(1)
+	}
+	if debug {
+		s.log.Debug("proxyDHCP: answering", "served", served, "mac", req.ClientHWAddr, "arch", d.arch, "ipxe", d.ipxe, "file", d.file, "to", dst)
+	}
+	if s.Observer != nil {
+		ev := Event{
+			Time:   time.Now(),
+			Served: served,
+			MAC:    req.ClientHWAddr,
+			Arch:   d.arch,
+			GUID:   smbiosUUID(req.Options[optClientGUID]),
+			IPXE:   d.ipxe,
+			File:   d.file,
+		}
+		if ip, ok := netip.AddrFromSlice(req.ClientIPAddr); ok && !ip.Unmap().IsUnspecified() {
+			ev.IP = ip.Unmap()
+		}
+		s.Observer.Observe(ev)
+	}
+	return reply, dst, true
+}
+
+// decision is what to answer a request that gets an answer.
+type decision struct {
+	ack         bool   // ACK rather than OFFER
+	arch        int    // option 93, -1 when absent
+	ipxe        bool   // the client is already iPXE
+	file        string // file field: a TFTP file name or a URL
+	vendorClass string // option 60 of the reply
+	tftp        bool   // file is a TFTP name: set sname too
+	discovery   bool   // BIOS: tell the PXE ROM to skip boot server discovery
+}
+
+// Reasons for silence, for the debug log.
+const (
+	whyMalformed = "malformed PXE option"
+	whyNotOurs   = "not a request this server answers"
+	whyNotPXE    = "not a PXE client"
+	whyNoArch    = "no client architecture (option 93)"
+	whyArch      = "no boot file for this architecture"
+	whyNoEntry   = "no boot entry for this MAC"
+)
+
+// LocalBootFile is the boot file a machine whose entry is local gets from firmware
+// PXE: no server has it, so the firmware fails fast and boots its next option.
+const LocalBootFile = "bcd-boot-local-disk"
+
+func (s *ProxyDHCP) decide(req *dhcpv4.DHCPv4, pxePort bool) (*decision, string) {
+	if req.OpCode != dhcpv4.OpcodeBootRequest || len(req.ClientHWAddr) != 6 {
+		return nil, whyNotOurs
+	}
+	d := &decision{arch: -1}
+	switch mt := req.MessageType(); {
+	case pxePort && (mt == dhcpv4.MessageTypeRequest || mt == dhcpv4.MessageTypeInform):
+		d.ack = true
+	case !pxePort && mt == dhcpv4.MessageTypeDiscover:
+	default:
+		return nil, whyNotOurs
+	}
+	class := string(req.Options[optClassID])
+	http := strings.HasPrefix(class, "HTTPClient")
+	if !http && !strings.HasPrefix(class, "PXEClient") {
+		return nil, whyNotPXE
+	}
+	if a, ok := req.Options[optClientArch]; ok {
+		if len(a) < 2 || len(a)%2 != 0 {
+			return nil, whyMalformed
+		}
+		d.arch = int(a[0])<<8 | int(a[1])
+	}
+	if g, ok := req.Options[optClientGUID]; ok && len(g) != 17 {
+		return nil, whyMalformed
+	}
+	d.ipxe = isIPXE(req.Options)
+	if d.arch < 0 && !d.ipxe {
+		return nil, whyNoArch
+	}
+	d.vendorClass = "PXEClient"
+	if http {
+		d.vendorClass = "HTTPClient"
+	}
+	mac := req.ClientHWAddr
+	switch {
+	case d.ipxe:
+		// Already iPXE: straight to its script, or it would chain-load iPXE forever.
+		d.file = s.base + "/ipxe/" + mac.String() + ".ipxe"
+	case d.arch == archBIOS:
+		d.file, d.tftp, d.discovery = cmpOr(s.BIOSBinary, ipxe.BIOS), true, true
+	case d.arch == archEFIIA32 || d.arch == archEFIBC || d.arch == archEFIx64:
+		d.file, d.tftp = cmpOr(s.EFIBinary, ipxe.EFI), true
+	case d.arch == archEFIARM64:
+		d.file, d.tftp = cmpOr(s.ARM64Binary, ipxe.ARM64), true
+	case d.arch == archEFIx64HTTP:
+		d.file, d.vendorClass = s.base+"/ipxe/"+cmpOr(s.EFIBinary, ipxe.EFI), "HTTPClient"
+	case d.arch == archARM64HTTP:
+		d.file, d.vendorClass = s.base+"/ipxe/"+cmpOr(s.ARM64Binary, ipxe.ARM64), "HTTPClient"
+	default:
+		return nil, whyArch
+	}
+	// The table last: it is the only part that may take a lock.
+	e, ok := s.Table.Lookup(mac)
+	if !ok {
+		return nil, whyNoEntry
+	}
+	if e.Mode == ModeLocal && !d.ipxe {
+		// A machine that should boot its disk gets iPXE only when iPXE is what asks
+		// (its local script exits to the disk). Firmware's own PXE or HTTP boot gets
+		// a boot file that does not exist: it fails at once and moves to its next
+		// boot option. Silence would cost each option its whole DHCP timeout, and
+		// chain-loading iPXE only to exit again a whole iPXE boot (UEFI lists PXEv4,
+		// PXEv6, HTTPv4 and HTTPv6 for each NIC before the disk).
+		if d.vendorClass == "HTTPClient" {
+			d.file = s.base + "/ipxe/" + LocalBootFile
+		} else {
+			d.file = LocalBootFile
+		}
+	}
+	return d, ""
+}
+
+// isIPXE reports whether the client is iPXE: user class "iPXE" (raw, as iPXE sends
+// it, or RFC 3004 encoded) or iPXE's encapsulated option 175.
+func isIPXE(o dhcpv4.Options) bool {
+	if _, ok := o[optIPXEEncap]; ok {
+		return true
+	}
+	uc := o[optUserClass]
+	if string(uc) == "iPXE" {
+		return true
+	}
+	for len(uc) > 0 {
+		n := int(uc[0])
+		if n == 0 || n+1 > len(uc) {
+			return false
+		}
+		if string(uc[1:1+n]) == "iPXE" {
+			return true
+		}
+		uc = uc[1+n:]
+	}
+	return false
+}
+
+// reply builds the answer. The message is assembled field by field rather than with
+// dhcpv4.NewReplyFromRequest, which draws a random transaction ID per packet only to
+// overwrite it.
+func (s *ProxyDHCP) reply(req *dhcpv4.DHCPv4, d *decision, pxePort bool) *dhcpv4.DHCPv4 {
+	mt := dhcpv4.MessageTypeOffer
+	if d.ack {
+		mt = dhcpv4.MessageTypeAck
+	}
+	r := &dhcpv4.DHCPv4{
+		OpCode:        dhcpv4.OpcodeBootReply,
+		HWType:        req.HWType,
+		TransactionID: req.TransactionID,
+		Flags:         req.Flags,
+		ClientIPAddr:  net.IPv4zero,
+		YourIPAddr:    net.IPv4zero, // never an address: this is a proxy
+		ServerIPAddr:  s.serverIP,   // firmware ignores a proxy offer without siaddr
+		GatewayIPAddr: req.GatewayIPAddr,
+		ClientHWAddr:  req.ClientHWAddr,
+		BootFileName:  d.file,
+		Options:       dhcpv4.Options{},
+	}
+	if pxePort {
+		r.ClientIPAddr = req.ClientIPAddr
+	} else {
+		r.SetBroadcast()
+	}
+	if d.tftp {
+		r.ServerHostName = s.ServerIP.String()
+	}
+	r.Options[optMessageType] = []byte{byte(mt)}
+	r.Options[optServerID] = s.serverIP
+	r.Options[optClassID] = []byte(d.vendorClass)
+	if g, ok := req.Options[optClientGUID]; ok {
+		r.Options[optClientGUID] = g
+	}
+	if ai, ok := req.Options[optRelayAgentInfo]; ok && !isZero(req.GatewayIPAddr) {
+		r.Options[optRelayAgentInfo] = ai
+	}
+	switch {
+	case d.ack:
+		if item := subOption(req.Options[optVendorSpecific], pxeBootItem); len(item) == 4 {
+			r.Options[optVendorSpecific] = append([]byte{pxeBootItem, 4}, append(item, pxeEnd)...)
+		}
+	case d.discovery:
+		r.Options[optVendorSpecific] = []byte{pxeDiscoveryControl, 1, 8, pxeEnd}
+	}
+	return r
+}
+
+// destination is where a reply goes: to the relay agent for a relayed request, to
+// the client's address once it has one (port 4011), else broadcast where the
+// client listens: firmware takes its offer from 255.255.255.255:68.
+func (s *ProxyDHCP) destination(req *dhcpv4.DHCPv4, pxePort bool, src netip.AddrPort) netip.AddrPort {
+	if gi, ok := netip.AddrFromSlice(req.GatewayIPAddr); ok && !gi.Unmap().IsUnspecified() {
+		return netip.AddrPortFrom(gi.Unmap(), s.dhcpPort)
+	}
+	if pxePort && src.IsValid() && !src.Addr().Unmap().IsUnspecified() {
+		return netip.AddrPortFrom(src.Addr().Unmap(), src.Port())
+	}
+	return s.broadcast
+}
+
+func isZero(ip net.IP) bool {
+	a, ok := netip.AddrFromSlice(ip)
+	return !ok || a.Unmap().IsUnspecified()
+}
+
+// subOption finds code in a sequence of PXE vendor sub-options.
+func subOption(b []byte, code byte) []byte {
+	for len(b) >= 2 {
+		c, n := b[0], int(b[1])
+		if c == pxeEnd {
+			return nil
+		}
+		if c == 0 {
+			b = b[1:]
+			continue
+		}
+		if 2+n > len(b) {
+			return nil
+		}
+		if c == code {
+			return append([]byte(nil), b[2:2+n]...)
+		}
+		b = b[2+n:]
+	}
+	return nil
+}
+
+func cmpOr(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}

@@ -1,0 +1,389 @@
+package boot
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pin/tftp/v3"
+	"golang.org/x/sys/unix"
+
+	"github.com/better-compute/bcd/internal/testenv"
+)
+
+// tftpRoot makes a TFTP root with an iPXE-sized binary, a file whose size is a whole
+// number of blocks (the transfer must end with an empty block), and the traps the
+// server must refuse.
+func tftpRoot(t testing.TB) (root string, files map[string][]byte) {
+	t.Helper()
+	dir := t.TempDir()
+	root = filepath.Join(dir, "ipxe")
+	if err := os.Mkdir(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	random := func(n int) []byte {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte(rng.Uint32())
+		}
+		return b
+	}
+	files = map[string][]byte{
+		"undionly.kpxe":   random(1<<20 + 123),
+		"ipxe.efi":        random(512 * 200),
+		"sub/snponly.efi": random(4000),
+	}
+	for name, b := range files {
+		p := filepath.Join(root, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.WriteFile(filepath.Join(dir, "secret"), []byte("outside the root"), 0o600))
+	must(os.Symlink("../secret", filepath.Join(root, "escape")))
+	must(os.Symlink("/etc/passwd", filepath.Join(root, "absolute-link")))
+	must(os.Symlink("undionly.kpxe", filepath.Join(root, "inside-link")))
+	must(syscall.Mkfifo(filepath.Join(root, "fifo"), 0o644))
+	if os.Geteuid() == 0 {
+		must(syscall.Mknod(filepath.Join(root, "null"), syscall.S_IFCHR|0o666, int(unix.Mkdev(1, 3))))
+	}
+	files["inside-link"] = files["undionly.kpxe"]
+	return root, files
+}
+
+func startTFTP(t testing.TB, root string, configure func(*TFTPServer)) (*TFTPServer, netip.AddrPort) {
+	t.Helper()
+	s := &TFTPServer{Addr: "127.0.0.1:0", Root: root}
+	if configure != nil {
+		configure(s)
+	}
+	if err := s.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return s, s.LocalAddr()
+}
+
+// rawRRQ sends a read request from a fresh socket and returns the first packet the
+// server answers with.
+func rawRRQ(t testing.TB, addr netip.AddrPort, name string, opts ...string) (op uint16, body []byte, conn *net.UDPConn) {
+	t.Helper()
+	conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	pkt := append([]byte{0, 1}, name...)
+	pkt = append(pkt, 0)
+	pkt = append(pkt, "octet\x00"...)
+	for _, o := range opts {
+		pkt = append(append(pkt, o...), 0)
+	}
+	if _, err := conn.WriteToUDPAddrPort(pkt, addr); err != nil {
+		t.Fatal(err)
+	}
+	conn.SetReadDeadline(time.Now().Add(2 * time.Second))
+	buf := make([]byte, 70000)
+	n, _, err := conn.ReadFromUDPAddrPort(buf)
+	if err != nil {
+		t.Fatalf("RRQ %q: no answer: %v", name, err)
+	}
+	return binary.BigEndian.Uint16(buf), buf[2:n], conn
+}
+
+func TestTFTPRefuses(t *testing.T) {
+	root, _ := tftpRoot(t)
+	s, addr := startTFTP(t, root, nil)
+	cases := []string{
+		"../secret",
+		"sub/../../secret",
+		"sub/../undionly.kpxe", // ".." is refused even when it stays inside
+		"/undionly.kpxe",
+		"/etc/passwd",
+		"escape",
+		"absolute-link",
+		"fifo",
+		"sub",
+		"sub/",
+		"./undionly.kpxe",
+		"sub//snponly.efi",
+		`sub\snponly.efi`,
+		"undionly.kpxe\x01",
+		"undi only.kpxe",
+		strings.Repeat("a", 300),
+	}
+	if os.Geteuid() == 0 {
+		cases = append(cases, "null")
+	}
+	for _, name := range cases {
+		start := time.Now()
+		op, body, _ := rawRRQ(t, addr, name)
+		if op != 5 {
+			t.Errorf("%q: opcode %d, want an error packet", name, op)
+			continue
+		}
+		if d := time.Since(start); d > time.Second {
+			t.Errorf("%q: refused after %v", name, d)
+		}
+		if msg := string(body[2:]); !strings.Contains(msg, "access violation") {
+			t.Errorf("%q: error %q, want an access violation", name, msg)
+		}
+	}
+	if got := s.Stats(); got.Refused != uint64(len(cases)) || got.Transfers != 0 {
+		t.Errorf("stats %+v, want %d refused", got, len(cases))
+	}
+}
+
+// TestTFTPNotFoundIsQuick: iPXE asks for autoexec.ipxe before anything else; the
+// answer must be an immediate "file not found", never a timeout.
+func TestTFTPNotFoundIsQuick(t *testing.T) {
+	root, _ := tftpRoot(t)
+	s, addr := startTFTP(t, root, nil)
+	start := time.Now()
+	op, body, _ := rawRRQ(t, addr, "autoexec.ipxe", "blksize", "1432", "tsize", "0")
+	if d := time.Since(start); d > 200*time.Millisecond {
+		t.Errorf("answered after %v", d)
+	}
+	if op != 5 || binary.BigEndian.Uint16(body) != 1 || !strings.Contains(string(body[2:]), "not found") {
+		t.Errorf("answer opcode %d %q, want error 1 file not found", op, body)
+	}
+	if got := s.Stats(); got.NotFound != 1 {
+		t.Errorf("stats %+v", got)
+	}
+}
+
+// TestTFTPConcurrencyCap: beyond MaxTransfers a request is refused at once with an
+// error packet, not queued.
+func TestTFTPConcurrencyCap(t *testing.T) {
+	root, files := tftpRoot(t)
+	s, addr := startTFTP(t, root, func(s *TFTPServer) {
+		s.MaxTransfers = 1
+		s.Timeout = 200 * time.Millisecond
+		s.Retries = 2
+	})
+	// A client that takes the first block and never acknowledges it holds the
+	// only slot until the server gives up on it.
+	op, _, _ := rawRRQ(t, addr, "undionly.kpxe")
+	if op != 3 {
+		t.Fatalf("first transfer: opcode %d, want DATA", op)
+	}
+	start := time.Now()
+	op, body, _ := rawRRQ(t, addr, "ipxe.efi")
+	if op != 5 || !strings.Contains(string(body[2:]), "busy") {
+		t.Fatalf("second transfer: opcode %d %q, want a busy error", op, body)
+	}
+	if d := time.Since(start); d > 100*time.Millisecond {
+		t.Errorf("refused after %v", d)
+	}
+	// Once the stuck transfer is abandoned the slot is free again.
+	time.Sleep(700 * time.Millisecond)
+	if got := tftpGet(t, addr, "ipxe.efi", 0); !bytes.Equal(got, files["ipxe.efi"]) {
+		t.Error("transfer after the cap freed up differs")
+	}
+	// The server counts a transfer once it holds the last acknowledgement, a little
+	// after the client has its file.
+	if got := waitStats(s, func(st TFTPStats) bool { return st.Transfers == 1 }); got.Busy != 1 || got.Failed != 1 || got.Transfers != 1 {
+		t.Errorf("stats %+v, want 1 busy, 1 failed, 1 transfer", got)
+	}
+}
+
+// waitStats waits up to a second for the server's counters to satisfy ok.
+func waitStats(s *TFTPServer, ok func(TFTPStats) bool) TFTPStats {
+	deadline := time.Now().Add(time.Second)
+	for !ok(s.Stats()) && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	return s.Stats()
+}
+
+// tftpGet fetches name with the pin/tftp client.
+func tftpGet(t testing.TB, addr netip.AddrPort, name string, blksize int) []byte {
+	t.Helper()
+	c, err := tftp.NewClient(addr.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetTimeout(time.Second)
+	if blksize > 0 {
+		c.SetBlockSize(blksize)
+	}
+	wt, err := c.Receive(name, "octet")
+	if err != nil {
+		t.Fatalf("RRQ %s: %v", name, err)
+	}
+	var b bytes.Buffer
+	if _, err := wt.WriteTo(&b); err != nil {
+		t.Fatalf("receiving %s: %v", name, err)
+	}
+	return b.Bytes()
+}
+
+// TestTFTPWithRealClients fetches the files with tftp-hpa's tftp and curl, the two
+// TFTP clients Debian ships, and compares digests; it refuses tftp-hpa's put.
+func TestTFTPWithRealClients(t *testing.T) {
+	tftpBin := testenv.NeedTool(t, "tftp")
+	curl := testenv.NeedTool(t, "curl")
+	root, files := tftpRoot(t)
+	s, addr := startTFTP(t, root, nil)
+	out := t.TempDir()
+	host, port := addr.Addr().String(), strconv.Itoa(int(addr.Port()))
+	for _, name := range []string{"undionly.kpxe", "ipxe.efi", "sub/snponly.efi", "inside-link"} {
+		want := sha256.Sum256(files[name])
+		dst := filepath.Join(out, strings.ReplaceAll(name, "/", "_"))
+		for _, client := range []struct {
+			name string
+			cmd  *exec.Cmd
+		}{
+			{"tftp-hpa", exec.Command(tftpBin, "-m", "binary", host, port, "-c", "get", name, dst)},
+			{"curl", exec.Command(curl, "-sS", "--fail", "--max-time", "20", "-o", dst, "tftp://"+addr.String()+"/"+name)},
+			{"curl --tftp-blksize 1468", exec.Command(curl, "-sS", "--fail", "--max-time", "20", "--tftp-blksize", "1468", "-o", dst, "tftp://"+addr.String()+"/"+name)},
+		} {
+			os.Remove(dst)
+			if b, err := client.cmd.CombinedOutput(); err != nil {
+				t.Errorf("%s get %s: %v: %s", client.name, name, err, b)
+				continue
+			}
+			got, err := os.ReadFile(dst)
+			if err != nil {
+				t.Errorf("%s get %s: %v", client.name, name, err)
+				continue
+			}
+			if sha256.Sum256(got) != want {
+				t.Errorf("%s get %s: %d bytes, digest differs from the %d-byte file", client.name, name, len(got), len(files[name]))
+			}
+		}
+	}
+	if got := waitStats(s, func(st TFTPStats) bool { return st.Transfers == 12 }); got.Transfers != 12 {
+		t.Errorf("stats %+v, want 12 transfers", got)
+	}
+
+	// Refusals as the real clients see them.
+	src := filepath.Join(out, "upload")
+	os.WriteFile(src, []byte("not welcome"), 0o644)
+	b, _ := exec.Command(tftpBin, "-m", "binary", host, port, "-c", "put", src, "uploaded").CombinedOutput()
+	if !strings.Contains(string(b), "read-only") {
+		t.Errorf("tftp put: %q, want the read-only error", b)
+	}
+	if _, err := os.Lstat(filepath.Join(root, "uploaded")); err == nil {
+		t.Error("put wrote a file")
+	}
+	for _, name := range []string{"../secret", "escape", "autoexec.ipxe"} {
+		dst := filepath.Join(out, "refused")
+		start := time.Now()
+		b, err := exec.Command(curl, "-sS", "--fail", "--max-time", "20", "-o", dst, "tftp://"+addr.String()+"/"+name).CombinedOutput()
+		if err == nil {
+			t.Errorf("curl got %s: %s", name, b)
+		}
+		if d := time.Since(start); d > time.Second {
+			t.Errorf("curl %s: refused after %v", name, d)
+		}
+	}
+}
+
+// TestTFTPSurvivesLoss: with a tenth of the datagrams dropped both ways, transfers
+// still complete, by the server's retransmissions.
+func TestTFTPSurvivesLoss(t *testing.T) {
+	root, files := tftpRoot(t)
+	s, addr := startTFTP(t, root, func(s *TFTPServer) {
+		s.Timeout = 50 * time.Millisecond
+		s.Retries = 20
+	})
+	proxy := newLossyProxy(t, addr, 0.1)
+	var wg sync.WaitGroup
+	for i, blksize := range []int{0, 1468, 1468, 8192} {
+		wg.Go(func() {
+			c, err := tftp.NewClient(proxy.String())
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			c.SetTimeout(50 * time.Millisecond)
+			c.SetRetries(20)
+			c.SetBackoff(func(int) time.Duration { return 0 })
+			if blksize > 0 {
+				c.SetBlockSize(blksize)
+			}
+			var b bytes.Buffer
+			var werr error
+			for range 10 { // the request itself may be lost
+				wt, err := c.Receive("ipxe.efi", "octet")
+				if err != nil {
+					werr = err
+					continue
+				}
+				b.Reset()
+				if _, werr = wt.WriteTo(&b); werr == nil {
+					break
+				}
+			}
+			if werr != nil {
+				t.Errorf("client %d: %v", i, werr)
+			} else if !bytes.Equal(b.Bytes(), files["ipxe.efi"]) {
+				t.Errorf("client %d: %d bytes received, differs", i, b.Len())
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("proxy dropped %d of %d datagrams; server stats %+v", proxy.dropped.Load(), proxy.relayed.Load(), s.Stats())
+	if proxy.dropped.Load() == 0 {
+		t.Error("the proxy dropped nothing: the test proved nothing")
+	}
+}
+
+func TestCleanTFTPPath(t *testing.T) {
+	for name, ok := range map[string]bool{
+		"undionly.kpxe":     true,
+		"efi/ipxe.efi":      true,
+		"a-b_c.d~":          true,
+		"":                  false,
+		"/undionly.kpxe":    false,
+		"../x":              false,
+		"a/../b":            false,
+		"a/./b":             false,
+		".":                 false,
+		"a/":                false,
+		"a//b":              false,
+		`a\b`:               false,
+		"a b":               false,
+		"a\x00b":            false,
+		"caf\xc3\xa9":       false,
+		fmt.Sprint(1 << 20): true,
+	} {
+		_, err := cleanTFTPPath(name)
+		if (err == nil) != ok {
+			t.Errorf("cleanTFTPPath(%q) = %v, want ok %v", name, err, ok)
+		}
+	}
+}
