@@ -3,12 +3,15 @@
 // directory. Server wires them; the pieces live in the subpackages:
 //
 //	store      the Store interfaces and the SQLite implementation
-//	join       the JoinService and its attestors (join-token, provisioned)
+//	join       the JoinService and its attestors (join-token, provisioned,
+//	           discovery)
 //	gateway    POST /v1/join and the /v1/session WebSockets
+//	machines   site agents' specs (boot, bmc_hosts, http_proxy), their
+//	           machine.booted and boot.nonce events, a deploy's files
 //	api        /.well-known/better-compute, downloads, the operator api
 //	downloads  the release binaries route
 //	client     the operator's api client (the CLI uses it)
-//	token, ids the bcjt_/bcop_ secrets and the n_/jt_/cmd_ ids
+//	token, ids the bcjt_/bcop_ secrets and the n_/jt_/cmd_/m_ ids
 //
 // Two HTTPS listeners: the api (default 127.0.0.1:8443) and the gateway
 // (default 127.0.0.1:8444), which also asks agents for their client

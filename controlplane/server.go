@@ -21,6 +21,7 @@ import (
 	"github.com/better-compute/bcd/controlplane/downloads"
 	"github.com/better-compute/bcd/controlplane/gateway"
 	"github.com/better-compute/bcd/controlplane/join"
+	"github.com/better-compute/bcd/controlplane/machines"
 	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/controlplane/token"
 	"github.com/better-compute/bcd/pki"
@@ -221,12 +222,15 @@ func (s *Server) Start() (err error) {
 		Attestors: map[string]join.Attestor{
 			protocol.AttestorJoinToken:   join.NewTokenAttestor(s.store),
 			protocol.AttestorProvisioned: join.NewProvisionedAttestor(s.store),
+			protocol.AttestorDiscovery:   join.NewDiscoveryAttestor(s.store),
 		},
 		Logger: s.log().With("component", "join"),
 	}
 	s.gw = &gateway.Server{
 		Joiner:       joinSvc,
 		Store:        s.store,
+		Specs:        &machines.Specs{Store: s.store, GatewayURL: s.gatewayURL},
+		Events:       &machines.Events{Store: s.store, Logger: s.log().With("component", "machines")},
 		NodeCAs:      pub.NodeCAPool(),
 		TrustDomain:  pub.TrustDomain,
 		PingInterval: s.PingInterval,
@@ -236,13 +240,18 @@ func (s *Server) Start() (err error) {
 	joinSvc.Reclaimed = func(nodeID string) {
 		s.gw.Disconnect(nodeID, "the node joined again with a new certificate")
 	}
+	joinSvc.Retired = func(nodeID string) {
+		s.gw.Disconnect(nodeID, "the machine's next ramdisk joined; this node was retired")
+	}
 	apiSrv := &api.Server{
 		Store:     s.store,
 		WellKnown: wk,
 		Downloads: dl,
 		BasePath:  s.BasePath,
 		Notifier:  s.gw,
-		Logger:    s.log().With("component", "api"),
+		Install: &api.InstallConfig{GatewayURL: s.gatewayURL, GatewayServerName: serverName,
+			Pins: pub.Pins(), EncryptionJWK: pub.JoinEncryptionJWK},
+		Logger: s.log().With("component", "api"),
 	}
 	errLog := slog.NewLogLogger(s.log().Handler(), slog.LevelDebug)
 	s.apiSrv = &http.Server{

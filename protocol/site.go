@@ -48,6 +48,9 @@ type MachineBooted struct {
 	IP         string    `json:"ip,omitempty"`
 	File       string    `json:"file,omitempty"` // what was served
 	Time       time.Time `json:"time"`
+	// Machine is the control plane's machine id from the MAC's boot entry, when
+	// the entry names one.
+	Machine string `json:"machine,omitempty"`
 }
 
 // BootNonce is the data of a boot.nonce event: the nonce the site put on a machine's
@@ -57,4 +60,19 @@ type BootNonce struct {
 	MAC       string    `json:"mac"`
 	Nonce     string    `json:"nonce"`
 	ExpiresAt time.Time `json:"expires_at"`
+	// Machine is the control plane's machine id from the MAC's boot entry, when
+	// the entry names one.
+	Machine string `json:"machine,omitempty"`
+}
+
+// HTTPProxySection is a site's http_proxy section: the proxy the site agent runs on
+// the provisioning network, the machines' only way to the gateway and to image
+// servers. It forwards CONNECT (and plain GET for http:// image URLs) only to the
+// destinations listed, so a machine on the boot network reaches nothing else.
+type HTTPProxySection struct {
+	// Listen is host:port on the provisioning network, e.g. 10.20.0.2:3128.
+	Listen string `json:"listen"`
+	// Allow lists the host:port destinations the proxy forwards to. The gateway's
+	// host:port is always allowed.
+	Allow []string `json:"allow,omitempty"`
 }

@@ -25,6 +25,6 @@ func newRoot() *cobra.Command {
 		Args:  cli.NoArgs,
 	}
 	root.AddCommand(newVersionCmd(), newPKICmd(), newReleaseCmd(), newDaemonCmd())
-	root.AddCommand(newServeCmd(), newTokensCmd(), newSitesCmd(), newNodesCmd(), newCommandsCmd())
+	root.AddCommand(newServeCmd(), newTokensCmd(), newSitesCmd(), newNodesCmd(), newCommandsCmd(), newMachinesCmd())
 	return root
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/better-compute/bcd/controlplane/httpjson"
 	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/controlplane/token"
+	"github.com/better-compute/bcd/pki"
 	"github.com/better-compute/bcd/protocol"
 )
 
@@ -31,6 +32,18 @@ type Notifier interface {
 	Notify(nodeID string)
 	// Disconnect: the node was deleted.
 	Disconnect(nodeID, reason string)
+	// SpecChanged: what the site's agents are sent changed.
+	SpecChanged(site string)
+}
+
+// InstallConfig is what a deploy writes into the installed OS besides its
+// token: where the gateway is and the PKI's public half.
+type InstallConfig struct {
+	GatewayURL        string
+	GatewayServerName string
+	Pins              pki.Pins
+	// EncryptionJWK is join-encryption.jwk.
+	EncryptionJWK []byte
 }
 
 // Store is what the api reads and writes.
@@ -40,6 +53,7 @@ type Store interface {
 	store.Nodes
 	store.Commands
 	store.Operators
+	store.Machines
 }
 
 // Server is the api.
@@ -56,6 +70,9 @@ type Server struct {
 	// Notifier reaches node sessions; nil when none (commands are then
 	// delivered at the node's next session).
 	Notifier Notifier
+	// Install is what deploys write into installed OSes; nil refuses
+	// deploys (UNSUPPORTED).
+	Install *InstallConfig
 	// Logger; nil discards.
 	Logger *slog.Logger
 	// Now is the clock; nil means time.Now.
@@ -100,6 +117,21 @@ func (s *Server) Handler() http.Handler {
 	op("POST /nodes/{id}/uncordon", s.cordon(false))
 	op("POST /nodes/{id}/commands", s.createCommand)
 	op("GET /commands/{id}", s.getCommand)
+	op("PUT /sites/{name}/http-proxy", s.setProxy)
+	op("DELETE /sites/{name}/http-proxy", s.clearProxy)
+	op("POST /machines", s.createMachine)
+	op("GET /machines", s.listMachines)
+	op("GET /machines/{ref}", s.getMachine)
+	op("DELETE /machines/{ref}", s.deleteMachine)
+	op("PUT /machines/{ref}/boot", s.setBoot)
+	op("PUT /machines/{ref}/bmc", s.setBMC)
+	op("DELETE /machines/{ref}/bmc", s.clearBMC)
+	op("POST /machines/{ref}/approve", s.approveMachine)
+	op("GET /machines/{ref}/events", s.machineEvents)
+	op("POST /machines/{ref}/power", s.power)
+	op("POST /machines/{ref}/bootdev", s.bootdev)
+	op("POST /machines/{ref}/inventory", s.inventory)
+	op("POST /machines/{ref}/deploy", s.deploy)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		httpjson.WriteJSON(w, http.StatusNotFound, httpjson.Errorf(protocol.CodeNotFound, "no such route: %s %s", r.Method, short(r.URL.Path)))
 	})
@@ -189,6 +221,12 @@ func short(s string) string {
 		return s[:80] + "…"
 	}
 	return s
+}
+
+func (s *Server) specChanged(site string) {
+	if s.Notifier != nil {
+		s.Notifier.SpecChanged(site)
+	}
 }
 
 func decode(r *http.Request, v any) error {

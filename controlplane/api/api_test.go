@@ -28,7 +28,10 @@ type notes struct {
 	mu           sync.Mutex
 	notified     []string
 	disconnected []string
+	specs        []string
 }
+
+func (n *notes) SpecChanged(site string) { n.mu.Lock(); n.specs = append(n.specs, site); n.mu.Unlock() }
 
 func (n *notes) Notify(id string) { n.mu.Lock(); n.notified = append(n.notified, id); n.mu.Unlock() }
 func (n *notes) Disconnect(id, _ string) {
@@ -47,6 +50,11 @@ type env struct {
 
 func start(t *testing.T, base string) *env {
 	t.Helper()
+	return startWith(t, base, nil)
+}
+
+func startWith(t *testing.T, base string, mut func(*api.Server)) *env {
+	t.Helper()
 	st := cptest.NewStore(t)
 	op := token.NewOperator()
 	if _, err := st.EnsureOperatorToken(ctx, op.Hash, time.Now()); err != nil {
@@ -63,6 +71,9 @@ func start(t *testing.T, base string) *env {
 		Gateway: &protocol.WellKnownGateway{URL: "https://127.0.0.1:8444", ServingCAPin: "sha256/x"},
 		Join:    protocol.WellKnownJoin{EncryptionJWK: json.RawMessage(`{"kty":"EC"}`), EncryptionKeyPin: "sha256/e", SigningKeyPin: "sha256/s"},
 	}}
+	if mut != nil {
+		mut(srv)
+	}
 	hs := httptest.NewServer(srv.Handler())
 	t.Cleanup(hs.Close)
 	c, err := client.New(hs.URL+base, op.Token, nil)

@@ -21,13 +21,51 @@
 //	POST   {basePath}/api/v1/nodes/{id}/cordon      NodeInfo
 //	POST   {basePath}/api/v1/nodes/{id}/uncordon    NodeInfo
 //	POST   {basePath}/api/v1/nodes/{id}/commands    CommandCreate → 201 store.Command
-//	GET    {basePath}/api/v1/commands/{id}          store.Command
+//	GET    {basePath}/api/v1/commands/{id}          store.Command (files' content redacted)
+//	PUT    {basePath}/api/v1/sites/{name}/http-proxy  HTTPProxySet → store.Site
+//	DELETE {basePath}/api/v1/sites/{name}/http-proxy  store.Site
+//	POST   {basePath}/api/v1/machines               MachineCreate → 201 MachineInfo
+//	GET    {basePath}/api/v1/machines[?site=S]      MachineList
+//	GET    {basePath}/api/v1/machines/{m}           MachineInfo
+//	DELETE {basePath}/api/v1/machines/{m}           MachineInfo (as it was)
+//	PUT    {basePath}/api/v1/machines/{m}/boot      MachineBoot → MachineInfo
+//	PUT    {basePath}/api/v1/machines/{m}/bmc       MachineBMCInput → MachineInfo
+//	DELETE {basePath}/api/v1/machines/{m}/bmc       MachineInfo
+//	POST   {basePath}/api/v1/machines/{m}/approve   MachineInfo
+//	GET    {basePath}/api/v1/machines/{m}/events[?limit=N]  MachineEventList
+//	POST   {basePath}/api/v1/machines/{m}/power     MachinePower → 201 store.Command (bmc.power)
+//	POST   {basePath}/api/v1/machines/{m}/bootdev   MachineBootdev → 201 store.Command (bmc.bootdev)
+//	POST   {basePath}/api/v1/machines/{m}/inventory 201 store.Command (inventory)
+//	POST   {basePath}/api/v1/machines/{m}/deploy    DeployCreate → 201 DeployCreated (deploy.image)
+//
+// {m} is a machine's id (m_…), one of its MACs (any spelling), or its name
+// when that names one machine across sites. POST /sites takes approval
+// (auto, the default, or manual).
+//
+// # Machines and their agents
+//
+// A change to a machine's boot mode or BMC, adding or deleting it, and a
+// site's proxy tell the gateway (Notifier.SpecChanged) to push the site's
+// agents their new spec. A machine's BMC password is accepted and kept but
+// never answered: MachineInfo shows bmc.has_password.
+//
+// power and bootdev go to a connected site agent of the machine's site (the
+// one seen last; none connected is UNAVAILABLE), inventory and deploy to the
+// machine's ramdisk node, which must be connected. deploy mints the node id
+// the installed OS will join as and a single-use join token bound to it and
+// to the machine (role node, the machine's site, pool DefaultPool unless
+// given), and puts into deploy.image's files /etc/bcd/config.toml,
+// join-encryption.jwk, join-token and node-id (0600, root). The agent gets
+// them whole; every api read of a command (RedactCommand) shows each file's
+// path, mode and size, never its content, so the token is in no answer.
+// The caller waits for a command's outcome by reading it (client.WaitCommand).
 //
 // Bodies are JSON both ways; unknown fields are refused. Every refusal is a
 // protocol.ErrorResponse: INVALID_INPUT (400), UNAUTHENTICATED (401),
-// NOT_FOUND (404), ALREADY_EXISTS (409), NODE_REVOKED (403) for a deleted
-// node, UNSUPPORTED (422) for a command kind the node's role does not run,
-// UNAVAILABLE (503, retryable) when the store fails.
+// NOT_FOUND (404), ALREADY_EXISTS (409; a MAC or machine name taken),
+// NODE_REVOKED (403) for a deleted node, UNSUPPORTED (422) for a command kind
+// the node's role does not run, UNAVAILABLE (503, retryable) when the store
+// fails or the agent a machine command needs is not connected.
 //
 // The operator token is compared by its SHA-256, in constant time, with the
 // hashes in the store; the token itself is never stored or logged.

@@ -95,14 +95,21 @@ func (s *Server) createSite(w http.ResponseWriter, r *http.Request) error {
 	if err := checkName("site", in.Name); err != nil {
 		return err
 	}
-	site := store.Site{Name: in.Name, CreatedAt: s.now()}
+	switch in.Approval {
+	case "":
+		in.Approval = store.ApprovalAuto
+	case store.ApprovalAuto, store.ApprovalManual:
+	default:
+		return httpjson.Errorf(protocol.CodeInvalidInput, "approval %q: want auto or manual", short(in.Approval))
+	}
+	site := store.Site{Name: in.Name, Approval: in.Approval, SpecRevision: 1, CreatedAt: s.now()}
 	if err := s.Store.CreateSite(r.Context(), site); err != nil {
 		if errors.Is(err, store.ErrExists) {
 			return httpjson.Errorf(protocol.CodeAlreadyExists, "site %s already exists", in.Name)
 		}
 		return err
 	}
-	s.log().Info("site created", "site", site.Name)
+	s.log().Info("site created", "site", site.Name, "approval", site.Approval)
 	httpjson.WriteJSON(w, http.StatusCreated, site)
 	return nil
 }
@@ -221,7 +228,7 @@ func (s *Server) createCommand(w http.ResponseWriter, r *http.Request) error {
 		s.Notifier.Notify(n.ID)
 	}
 	s.log().Info("command enqueued", "command", c.ID, "node", n.ID, "kind", c.Kind)
-	httpjson.WriteJSON(w, http.StatusCreated, c)
+	httpjson.WriteJSON(w, http.StatusCreated, RedactCommand(c))
 	return nil
 }
 
@@ -234,6 +241,6 @@ func (s *Server) getCommand(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	httpjson.WriteJSON(w, http.StatusOK, c)
+	httpjson.WriteJSON(w, http.StatusOK, RedactCommand(c))
 	return nil
 }

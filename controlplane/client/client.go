@@ -122,6 +122,21 @@ func (c *Client) CreateSite(ctx context.Context, name string) (store.Site, error
 	return out, c.Do(ctx, http.MethodPost, "/api/v1/sites", api.SiteCreate{Name: name}, &out)
 }
 
+// CreateSiteWith creates a site with a policy.
+func (c *Client) CreateSiteWith(ctx context.Context, in api.SiteCreate) (store.Site, error) {
+	var out store.Site
+	return out, c.Do(ctx, http.MethodPost, "/api/v1/sites", in, &out)
+}
+
+// SetSiteHTTPProxy sets a site's proxy for the boot network; nil removes it.
+func (c *Client) SetSiteHTTPProxy(ctx context.Context, site string, p *protocol.HTTPProxySection) (store.Site, error) {
+	var out store.Site
+	if p == nil {
+		return out, c.Do(ctx, http.MethodDelete, "/api/v1/sites/"+esc(site)+"/http-proxy", nil, &out)
+	}
+	return out, c.Do(ctx, http.MethodPut, "/api/v1/sites/"+esc(site)+"/http-proxy", p, &out)
+}
+
 // ListSites lists the sites.
 func (c *Client) ListSites(ctx context.Context) ([]store.Site, error) {
 	var out api.SiteList
@@ -166,6 +181,114 @@ func (c *Client) CreateCommand(ctx context.Context, nodeID string, in api.Comman
 func (c *Client) GetCommand(ctx context.Context, id string) (store.Command, error) {
 	var out store.Command
 	return out, c.Do(ctx, http.MethodGet, "/api/v1/commands/"+esc(id), nil, &out)
+}
+
+// WaitCommand polls a command every interval until it is in a terminal
+// state or ctx is done, and returns it as last read.
+func (c *Client) WaitCommand(ctx context.Context, id string, interval time.Duration) (store.Command, error) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		cmd, err := c.GetCommand(ctx, id)
+		if err != nil || protocol.Terminal(cmd.State) {
+			return cmd, err
+		}
+		select {
+		case <-ctx.Done():
+			return cmd, fmt.Errorf("command %s is still %s: %w", id, cmd.State, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+func machinePath(ref string) string { return "/api/v1/machines/" + esc(ref) }
+
+// CreateMachine adds a machine.
+func (c *Client) CreateMachine(ctx context.Context, in api.MachineCreate) (api.MachineInfo, error) {
+	var out api.MachineInfo
+	return out, c.Do(ctx, http.MethodPost, "/api/v1/machines", in, &out)
+}
+
+// ListMachines lists the machines of site ("" for every site).
+func (c *Client) ListMachines(ctx context.Context, site string) ([]api.MachineInfo, error) {
+	var out api.MachineList
+	path := "/api/v1/machines"
+	if site != "" {
+		path += "?site=" + url.QueryEscape(site)
+	}
+	return out.Machines, c.Do(ctx, http.MethodGet, path, nil, &out)
+}
+
+// GetMachine reads a machine by id, name or MAC.
+func (c *Client) GetMachine(ctx context.Context, ref string) (api.MachineInfo, error) {
+	var out api.MachineInfo
+	return out, c.Do(ctx, http.MethodGet, machinePath(ref), nil, &out)
+}
+
+// DeleteMachine removes a machine.
+func (c *Client) DeleteMachine(ctx context.Context, ref string) (api.MachineInfo, error) {
+	var out api.MachineInfo
+	return out, c.Do(ctx, http.MethodDelete, machinePath(ref), nil, &out)
+}
+
+// SetBootMode sets a machine's boot mode: ramdisk, local or none.
+func (c *Client) SetBootMode(ctx context.Context, ref, mode string) (api.MachineInfo, error) {
+	var out api.MachineInfo
+	return out, c.Do(ctx, http.MethodPut, machinePath(ref)+"/boot", api.MachineBoot{Mode: mode}, &out)
+}
+
+// SetBMC sets a machine's BMC; a nil password keeps the one it has.
+func (c *Client) SetBMC(ctx context.Context, ref string, in api.MachineBMCInput) (api.MachineInfo, error) {
+	var out api.MachineInfo
+	return out, c.Do(ctx, http.MethodPut, machinePath(ref)+"/bmc", in, &out)
+}
+
+// ClearBMC removes a machine's BMC.
+func (c *Client) ClearBMC(ctx context.Context, ref string) (api.MachineInfo, error) {
+	var out api.MachineInfo
+	return out, c.Do(ctx, http.MethodDelete, machinePath(ref)+"/bmc", nil, &out)
+}
+
+// ApproveMachine lets a machine's ramdisk join in a site with manual
+// approval.
+func (c *Client) ApproveMachine(ctx context.Context, ref string) (api.MachineInfo, error) {
+	var out api.MachineInfo
+	return out, c.Do(ctx, http.MethodPost, machinePath(ref)+"/approve", nil, &out)
+}
+
+// MachineEvents reads a machine's timeline, the latest limit events (0:
+// the api's default).
+func (c *Client) MachineEvents(ctx context.Context, ref string, limit int) (api.MachineEventList, error) {
+	var out api.MachineEventList
+	path := machinePath(ref) + "/events"
+	if limit > 0 {
+		path += fmt.Sprintf("?limit=%d", limit)
+	}
+	return out, c.Do(ctx, http.MethodGet, path, nil, &out)
+}
+
+// Power enqueues bmc.power for a machine at a site agent of its site.
+func (c *Client) Power(ctx context.Context, ref, action string) (store.Command, error) {
+	var out store.Command
+	return out, c.Do(ctx, http.MethodPost, machinePath(ref)+"/power", api.MachinePower{Action: action}, &out)
+}
+
+// Bootdev enqueues bmc.bootdev for a machine at a site agent of its site.
+func (c *Client) Bootdev(ctx context.Context, ref string, in api.MachineBootdev) (store.Command, error) {
+	var out store.Command
+	return out, c.Do(ctx, http.MethodPost, machinePath(ref)+"/bootdev", in, &out)
+}
+
+// Inventory enqueues inventory at the machine's ramdisk node.
+func (c *Client) Inventory(ctx context.Context, ref string) (store.Command, error) {
+	var out store.Command
+	return out, c.Do(ctx, http.MethodPost, machinePath(ref)+"/inventory", nil, &out)
+}
+
+// Deploy enqueues deploy.image at the machine's ramdisk node.
+func (c *Client) Deploy(ctx context.Context, ref string, in api.DeployCreate) (api.DeployCreated, error) {
+	var out api.DeployCreated
+	return out, c.Do(ctx, http.MethodPost, machinePath(ref)+"/deploy", in, &out)
 }
 
 // Code is the refusal code of err, "" when err is not a refusal.

@@ -3,14 +3,18 @@ package cptest
 import (
 	"context"
 	"crypto/ecdsa"
+	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/better-compute/bcd/controlplane/ids"
 	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/controlplane/token"
 	"github.com/better-compute/bcd/pki"
@@ -65,6 +69,62 @@ func NewToken(t testing.TB, s store.Tokens, mut func(*store.Token)) (store.Token
 		t.Fatal(err)
 	}
 	return tok, j.Token
+}
+
+// MAC is the first MAC of the machines NewMachine adds unless told
+// otherwise.
+const MAC = "52:54:00:12:34:56"
+
+// NewMachine adds a machine (site Site, MAC MAC, boot mode ramdisk, changed
+// by mut) and returns it as stored.
+func NewMachine(t testing.TB, s store.Store, mut func(*store.Machine)) store.Machine {
+	t.Helper()
+	now := time.Now()
+	m := store.Machine{ID: ids.New(ids.PrefixMachine, now), Site: Site, MACs: []string{MAC}, BootMode: protocol.BootRamdisk,
+		State: store.MachineRegistered, StateChangedAt: now, CreatedAt: now, UpdatedAt: now}
+	if mut != nil {
+		mut(&m)
+	}
+	if err := s.CreateMachine(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.GetMachine(context.Background(), m.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+// NewNonce stores a boot nonce for mac in site, as a site agent's
+// boot.nonce event would, expiring after ttl, and returns the nonce.
+func NewNonce(t testing.TB, s store.Store, site, mac string, ttl time.Duration) string {
+	t.Helper()
+	b := make([]byte, 24)
+	rand.Read(b)
+	nonce := hex.EncodeToString(b)
+	now := time.Now()
+	machine := ""
+	if m, err := s.FindMachineByMAC(context.Background(), mac); err == nil {
+		machine = m.ID
+	}
+	if _, err := s.AddBootNonce(context.Background(), store.BootNonce{Hash: sha256.Sum256([]byte(nonce)), MAC: mac, Site: site,
+		SiteNode: "n_site", MachineID: machine, CreatedAt: now, ExpiresAt: now.Add(ttl)}); err != nil {
+		t.Fatal(err)
+	}
+	return nonce
+}
+
+// DiscoveryRequest builds a ramdisk's join request: attestor discovery,
+// the nonce, and macs as its claims.
+func (a *Agent) DiscoveryRequest(nonce string, macs ...string) *protocol.JoinRequest {
+	return &protocol.JoinRequest{
+		ProtocolVersion: protocol.Version,
+		CSR:             string(a.CSRPEM),
+		Role:            protocol.RoleRamdisk,
+		Attestor:        protocol.AttestorDiscovery,
+		BootNonce:       nonce,
+		Claims:          protocol.Claims{Hostname: "ramdisk", MACs: macs, SystemUUID: "4c4c4544-0000-1010-8000-b2c04f000001", CPUs: 8},
+	}
 }
 
 // Agent is a joining agent's key and CSR.

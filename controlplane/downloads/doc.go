@@ -6,8 +6,10 @@
 // be reached: the product is bcd or bcx-ipmi, the version a semantic version
 // with an optional leading v, the os linux and the arch amd64 or arm64. bcd
 // answers goreleaser's bare binary bcd_{version}_{os}_{arch}, bcx-ipmi its
-// archive bcx-ipmi_{version}_{os}_{arch}.tar.gz. {version} is used as the URL
-// spells it, leading v included.
+// archive bcx-ipmi_{version}_{os}_{arch}.tar.gz. goreleaser names files with
+// the version without its leading v, so one leading v of the URL's version is
+// dropped for the file name and the blob key: v0.1.0 and 0.1.0 both answer
+// bcd_0.1.0_linux_amd64.
 //
 // A file is looked up in the blob store under {product}/{version}/{file}
 // first, then as {dir}/{file}. Only regular files are served: a symlink, even

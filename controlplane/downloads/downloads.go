@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/better-compute/bcd/pki"
 	"github.com/better-compute/bcd/protocol"
 )
 
@@ -43,12 +44,12 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// Products served, and what each answers for {version}, {os} and {arch}.
+// Products served, and what each answers for {version}, {os} and {arch}:
+// goreleaser's names, which carry the version without its leading v
+// (bcd_0.1.0_linux_amd64 for a v0.1.0 tag).
 var products = map[string]func(version, goos, arch string) string{
-	"bcd": func(v, o, a string) string { return "bcd_" + v + "_" + o + "_" + a },
-	"bcx-ipmi": func(v, o, a string) string {
-		return "bcx-ipmi_" + v + "_" + o + "_" + a + ".tar.gz"
-	},
+	"bcd":      func(v, o, a string) string { return pki.BinaryName("bcd", v, o, a) },
+	"bcx-ipmi": func(v, o, a string) string { return pki.ArchiveName("bcx-ipmi", v, o, a) },
 }
 
 // semver is semver.org's pattern with an optional leading v. Its alphabet
@@ -100,6 +101,8 @@ func New(o Options) (http.Handler, error) {
 
 // Route is a parsed download path.
 type Route struct {
+	// Version is the URL's version without one leading v: v0.1.0 and 0.1.0
+	// name the same release files.
 	Product, Version, OS, Arch string
 	// File is the release file's name.
 	File string
@@ -122,6 +125,7 @@ func ParsePath(rest string) (Route, bool) {
 		return Route{}, false
 	}
 	goos, arch, _ := strings.Cut(platform, "-")
+	version = strings.TrimPrefix(version, "v")
 	return Route{Product: name, Version: version, OS: goos, Arch: arch, File: file(version, goos, arch)}, true
 }
 

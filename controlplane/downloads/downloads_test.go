@@ -72,7 +72,9 @@ func TestRoutes(t *testing.T) {
 	write(t, outside, "SECRET")
 	write(t, filepath.Join(dir, "bcd_0.1.0_linux_amd64"), "bcd amd64 from dir")
 	write(t, filepath.Join(dir, "bcd_0.1.0_linux_arm64"), "bcd arm64 from dir")
-	write(t, filepath.Join(dir, "bcd_v1.2.3-rc.1+build.5_linux_amd64"), "bcd rc")
+	write(t, filepath.Join(dir, "bcd_1.2.3-rc.1+build.5_linux_amd64"), "bcd rc")
+	// A file named with the v goreleaser leaves out is not what v1.2.4 asks for.
+	write(t, filepath.Join(dir, "bcd_v1.2.4_linux_amd64"), "misnamed")
 	write(t, filepath.Join(dir, "bcx-ipmi_0.1.0_linux_arm64.tar.gz"), "ipmi archive")
 	write(t, filepath.Join(blobs, "bcd/0.1.0/bcd_0.1.0_linux_amd64"), "bcd amd64 from blob")
 	write(t, filepath.Join(dir, "bcd_0.1.0_darwin_amd64"), "darwin")
@@ -104,6 +106,9 @@ func TestRoutes(t *testing.T) {
 	base := serve(t, Options{BasePath: "/p", Dir: dir, Blob: DirBlobs(blobs)})
 	ok := map[string]string{
 		"/p/downloads/bcd/0.1.0/linux-amd64":                 "bcd amd64 from blob",
+		"/p/downloads/bcd/v0.1.0/linux-amd64":                "bcd amd64 from blob",
+		"/p/downloads/bcd/v0.1.0/linux-arm64":                "bcd arm64 from dir",
+		"/p/downloads/bcd/1.2.3-rc.1+build.5/linux-amd64":    "bcd rc",
 		"/p/downloads/bcd/0.1.0/linux-arm64":                 "bcd arm64 from dir",
 		"/p/downloads/bcd/v1.2.3-rc.1+build.5/linux-amd64":   "bcd rc",
 		"/p/downloads/bcx-ipmi/0.1.0/linux-arm64":            "ipmi archive",
@@ -147,6 +152,8 @@ func TestRoutes(t *testing.T) {
 		"/p/downloads/bcd/01.0.0/linux-amd64", // not semver
 		"/p/downloads/bcd/1.0/linux-amd64",    // not semver
 		"/p/downloads/bcd/V1.0.0/linux-amd64", // upper-case V
+		"/p/downloads/bcd/v1.2.4/linux-amd64", // only bcd_1.2.4_… would do
+		"/p/downloads/bcd/vv0.1.0/linux-amd64",
 		"/p/downloads/bcd/../../secret",
 		"/p/downloads/bcd/..%2f..%2fsecret/linux-amd64",
 		"/p/downloads/bcd/0.1.0%2flinux-amd64",
@@ -204,8 +211,10 @@ func TestBlobOnly(t *testing.T) {
 	blobs := t.TempDir()
 	write(t, filepath.Join(blobs, "bcx-ipmi/2.0.0/bcx-ipmi_2.0.0_linux_amd64.tar.gz"), "tgz")
 	base := serve(t, Options{Blob: DirBlobs(blobs)})
-	if resp, body := get(t, base, "/downloads/bcx-ipmi/2.0.0/linux-amd64", nil); resp.StatusCode != 200 || body != "tgz" {
-		t.Errorf("blob only: %d %q", resp.StatusCode, body)
+	for _, v := range []string{"2.0.0", "v2.0.0"} {
+		if resp, body := get(t, base, "/downloads/bcx-ipmi/"+v+"/linux-amd64", nil); resp.StatusCode != 200 || body != "tgz" {
+			t.Errorf("blob only, version %s: %d %q", v, resp.StatusCode, body)
+		}
 	}
 	if resp, _ := get(t, base, "/downloads/bcd/2.0.0/linux-amd64", nil); resp.StatusCode != 404 {
 		t.Errorf("blob only, missing: %d", resp.StatusCode)
@@ -241,6 +250,24 @@ func TestInvalidConfig(t *testing.T) {
 		if !errors.As(err, &e) || e.Code != protocol.CodeInvalidConfig {
 			t.Errorf("%s: New err = %v, want INVALID_CONFIG", name, err)
 		}
+	}
+}
+
+func TestParsePathStripsOneV(t *testing.T) {
+	for path, want := range map[string]Route{
+		"bcd/v0.1.0/linux-amd64": {Product: "bcd", Version: "0.1.0", OS: "linux", Arch: "amd64", File: "bcd_0.1.0_linux_amd64"},
+		"bcd/0.1.0/linux-amd64":  {Product: "bcd", Version: "0.1.0", OS: "linux", Arch: "amd64", File: "bcd_0.1.0_linux_amd64"},
+		"bcx-ipmi/v1.2.3-rc.1/linux-arm64": {Product: "bcx-ipmi", Version: "1.2.3-rc.1", OS: "linux", Arch: "arm64",
+			File: "bcx-ipmi_1.2.3-rc.1_linux_arm64.tar.gz"},
+	} {
+		got, ok := ParsePath(path)
+		if !ok || got != want {
+			t.Errorf("ParsePath(%q) = %+v, %v; want %+v", path, got, ok, want)
+		}
+	}
+	r, _ := ParsePath("bcd/v0.1.0/linux-amd64")
+	if r.Key() != "bcd/0.1.0/bcd_0.1.0_linux_amd64" {
+		t.Errorf("blob key %q", r.Key())
 	}
 }
 

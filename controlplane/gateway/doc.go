@@ -25,6 +25,12 @@
 // adopting again. Whether a node is connected is kept apart from its state:
 // nodes.session_id names the open session.
 //
+// The Welcome's spec comes from Specs; SpecChanged(site) makes the sessions
+// of that site's site agents build it again and send it (a spec frame) when
+// its revision grew. Events goes over every event before it is stored
+// (machine.booted attached to a machine, boot.nonce kept hashed and stored
+// without the nonce).
+//
 // After the Welcome the gateway sends the node's open commands (queued, or
 // sent before but without a terminal status: they are re-sent on every new
 // session until one arrives), and any command enqueued while the node is

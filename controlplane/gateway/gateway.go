@@ -41,6 +41,18 @@ type Store interface {
 	ApplyStatus(ctx context.Context, u store.StatusUpdate) (bool, error)
 }
 
+// SpecSource builds an agent's desired state.
+type SpecSource interface {
+	Spec(ctx context.Context, node store.Node) (*protocol.Spec, error)
+}
+
+// EventHandler makes the control plane's records of what an agent reports.
+// It returns the event as it may be stored (a secret in it replaced); an
+// error leaves the event unacknowledged, for the agent to replay.
+type EventHandler interface {
+	Event(ctx context.Context, node store.Node, ev protocol.Event) (protocol.Event, error)
+}
+
 // Server is the gateway. Set the fields, then serve Handler() on a TLS
 // listener whose config requests client certificates
 // (tls.RequestClientCert or tls.VerifyClientCertIfGiven).
@@ -49,6 +61,12 @@ type Server struct {
 	Joiner Joiner
 	// Store holds nodes, sessions, commands and events.
 	Store Store
+	// Specs builds the spec of the Welcome and of later spec frames; nil
+	// sends every node an empty spec of its own revision.
+	Specs SpecSource
+	// Events is told about every event before it is stored; nil stores
+	// events as they come.
+	Events EventHandler
 	// NodeCAs verifies client certificates: the node CA.
 	NodeCAs *x509.CertPool
 	// TrustDomain is the SPIFFE trust domain node certificates must name.
@@ -147,6 +165,22 @@ func (s *Server) Notify(nodeID string) {
 	s.mu.Unlock()
 	if ss != nil {
 		ss.kickCommands()
+	}
+}
+
+// SpecChanged tells the sessions of site agents of site, here, that their
+// spec changed: each builds it again and sends it when its revision grew.
+func (s *Server) SpecChanged(site string) {
+	s.mu.Lock()
+	var kick []*session
+	for _, ss := range s.sessions {
+		if ss.role == protocol.RoleSite && ss.site == site {
+			kick = append(kick, ss)
+		}
+	}
+	s.mu.Unlock()
+	for _, ss := range kick {
+		ss.kickSpec()
 	}
 }
 

@@ -32,8 +32,12 @@ type session struct {
 	conn   *websocket.Conn
 	nodeID string
 	role   string
-	id     int64
-	log    *slog.Logger
+	site   string
+	// node is the node as the session found it: its site and role decide
+	// what spec it gets. Only the session's goroutines read it.
+	node store.Node
+	id   int64
+	log  *slog.Logger
 	// upgradeOnly: the agent is older than MinVersion and is sent nothing
 	// but daemon.upgrade.
 	upgradeOnly bool
@@ -42,7 +46,11 @@ type session struct {
 	cancel context.CancelFunc
 	out    chan []byte
 	kick   chan struct{}
-	ended  sync.Once
+	// specKick asks writeLoop to build the spec again; specRev is the
+	// revision last written (writeLoop's alone once the Welcome is out).
+	specKick chan struct{}
+	specRev  int64
+	ended    sync.Once
 	// closed is closed once the close handshake end started has finished.
 	closed chan struct{}
 	// sent holds the commands written in this session; only writeLoop
@@ -132,17 +140,20 @@ func (s *Server) serveSession(w http.ResponseWriter, r *http.Request) {
 	conn.SetReadLimit(MaxFrameSize)
 	ctx, cancel := context.WithCancel(context.Background())
 	ss := &session{
-		srv:    s,
-		conn:   conn,
-		nodeID: node.ID,
-		role:   node.Role,
-		log:    s.log().With("node", node.ID),
-		ctx:    ctx,
-		cancel: cancel,
-		out:    make(chan []byte, 4),
-		kick:   make(chan struct{}, 1),
-		sent:   make(map[string]bool),
-		closed: make(chan struct{}),
+		srv:      s,
+		conn:     conn,
+		nodeID:   node.ID,
+		role:     node.Role,
+		site:     node.Site,
+		node:     node,
+		log:      s.log().With("node", node.ID),
+		ctx:      ctx,
+		cancel:   cancel,
+		out:      make(chan []byte, 4),
+		kick:     make(chan struct{}, 1),
+		specKick: make(chan struct{}, 1),
+		sent:     make(map[string]bool),
+		closed:   make(chan struct{}),
 	}
 	// The session reads on a goroutine of its own and the handler returns:
 	// the connection's goroutine, its stack grown by the TLS handshake, and
@@ -208,14 +219,22 @@ func (ss *session) run(node store.Node, remote string) {
 		return
 	}
 	node = fresh
+	ss.node = fresh
 	ss.log.Info("session open", "session", ss.id, "daemon_version", hello.DaemonVersion, "protocol_version", hello.ProtocolVersion, "remote", remote)
 
+	spec, err := ss.spec()
+	if err != nil {
+		ss.log.Error("session: building the spec failed", "err", err)
+		ss.fail(closeTryLater, httpjson.Unavailable("the control plane could not build the node's spec; try again"))
+		return
+	}
+	ss.specRev = spec.Revision
 	welcome := protocol.Welcome{
 		ServerTime:         now.UTC(),
 		MinProtocolVersion: protocol.MinVersion,
 		UpgradeRequired:    ss.upgradeOnly,
 		NodeState:          node.State,
-		Spec:               &protocol.Spec{Revision: node.SpecRevision},
+		Spec:               spec,
 	}
 	b, err := frame(protocol.FrameWelcome, welcome)
 	if err == nil {
@@ -359,6 +378,12 @@ func (ss *session) event(ev protocol.Event) error {
 	if ev.Kind == "" {
 		ev.Kind = "unknown"
 	}
+	if ss.srv.Events != nil {
+		var err error
+		if ev, err = ss.srv.Events.Event(ss.ctx, ss.node, ev); err != nil {
+			return err
+		}
+	}
 	return ss.srv.Store.AddEvent(ss.ctx, store.Event{
 		NodeID: ss.nodeID, SessionID: ss.id, Seq: ev.Seq, Kind: ev.Kind, Time: ev.Time, Level: ev.Level,
 		Message: ev.Message, Data: ev.Data, ReceivedAt: ss.srv.now(),
@@ -374,6 +399,42 @@ func (ss *session) ack(seq uint64) {
 	case ss.out <- b:
 	case <-ss.ctx.Done():
 	}
+}
+
+func (ss *session) kickSpec() {
+	select {
+	case ss.specKick <- struct{}{}:
+	default:
+	}
+}
+
+// spec builds the node's spec.
+func (ss *session) spec() (*protocol.Spec, error) {
+	if ss.srv.Specs == nil {
+		return &protocol.Spec{Revision: ss.node.SpecRevision}, nil
+	}
+	return ss.srv.Specs.Spec(ss.ctx, ss.node)
+}
+
+// pushSpec writes the spec when its revision is past the one last written.
+func (ss *session) pushSpec() error {
+	spec, err := ss.spec()
+	if err != nil {
+		return err
+	}
+	if spec.Revision <= ss.specRev {
+		return nil
+	}
+	b, err := frame(protocol.FrameSpec, spec)
+	if err != nil {
+		return err
+	}
+	if err := ss.write(b); err != nil {
+		return err
+	}
+	ss.specRev = spec.Revision
+	ss.log.Info("spec sent", "revision", spec.Revision)
+	return nil
 }
 
 func (ss *session) kickCommands() {
@@ -397,6 +458,15 @@ func (ss *session) writeLoop() {
 		case b := <-ss.out:
 			if err := ss.write(b); err != nil {
 				ss.drop()
+				return
+			}
+		case <-ss.specKick:
+			if ss.upgradeOnly {
+				continue
+			}
+			if err := ss.pushSpec(); err != nil {
+				ss.log.Info("session: sending the spec failed", "err", err)
+				ss.end(closeTryLater, "sending the spec failed")
 				return
 			}
 		case <-ss.kick:

@@ -28,11 +28,12 @@ func Status(code string) int {
 	switch code {
 	case protocol.CodeInvalidInput, protocol.CodeInvalidConfig:
 		return http.StatusBadRequest
-	case protocol.CodeUnauthenticated, protocol.CodeTokenUnknown:
+	case protocol.CodeUnauthenticated, protocol.CodeTokenUnknown, protocol.CodeNonceUnknown:
 		return http.StatusUnauthorized
 	case protocol.CodeTokenUsed, protocol.CodeTokenExpired, protocol.CodeTokenRevoked,
 		protocol.CodeWrongRole, protocol.CodeWrongSite, protocol.CodeWrongPool,
-		protocol.CodeAttestorRefused, protocol.CodeNodeRevoked:
+		protocol.CodeAttestorRefused, protocol.CodeNodeRevoked,
+		protocol.CodeNonceUsed, protocol.CodeNonceExpired, protocol.CodeNonceWrongMAC, protocol.CodeMachineNotRegistered:
 		return http.StatusForbidden
 	case protocol.CodeReclaimNotAllowed, protocol.CodeAlreadyExists:
 		return http.StatusConflict

@@ -11,6 +11,7 @@ const (
 	PrefixNode    = "n_"
 	PrefixToken   = "jt_"
 	PrefixCommand = "cmd_"
+	PrefixMachine = "m_"
 )
 
 // ULIDLen is the length of the part after the prefix.

@@ -33,6 +33,25 @@
 // deferred join leaves the token as it was, and of concurrent joins with one
 // token exactly one succeeds while the others get TOKEN_USED.
 //
+// # The discovery attestor
+//
+// A ramdisk joins with the boot nonce its site agent minted and reported
+// (boot.nonce, kept as its SHA-256): see NewDiscoveryAttestor. It refuses
+// with NONCE_UNKNOWN (retryable: the event may still be on its way),
+// NONCE_USED (consumed, or presented first by another key), NONCE_EXPIRED,
+// NONCE_WRONG_MAC (minted for a MAC the claims do not list), WRONG_SITE and
+// MACHINE_NOT_REGISTERED (the MAC is no machine of the nonce's site). It
+// admits a new node of role ramdisk in the machine's site at every boot,
+// binds it to the machine (its claims become the inventory), retires the
+// machine's previous ramdisk node and consumes the nonce, all in the
+// transaction that writes the node; or, in a site with manual approval and
+// a machine not yet approved, defers the join for 5 s and holds the nonce
+// for that CSR. Ramdisk nodes keep no system UUID or TPM EK, so they never
+// take part in reclaims.
+//
+// A provisioned token that a machine's deploy minted binds the installed
+// OS's node to the machine, and retires its ramdisk node.
+//
 // Refusals are *protocol.ErrorResponse errors with the code that says why;
 // anything else (the store failing) is for the caller to answer as a
 // retryable UNAVAILABLE.

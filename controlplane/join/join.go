@@ -17,6 +17,7 @@ import (
 	"github.com/better-compute/bcd/controlplane/httpjson"
 	"github.com/better-compute/bcd/controlplane/ids"
 	"github.com/better-compute/bcd/controlplane/store"
+	"github.com/better-compute/bcd/controlplane/token"
 	"github.com/better-compute/bcd/pki"
 	"github.com/better-compute/bcd/protocol"
 )
@@ -50,6 +51,15 @@ type Admission struct {
 	AllowReclaim bool
 	// TokenID is the join token the join consumes, "" for none.
 	TokenID string
+	// BootNonce is the boot nonce the join consumes (discovery), nil for
+	// none.
+	BootNonce *token.Hash
+	// Machine binds the node to that machine: its ramdisk (role ramdisk,
+	// with Inventory) or its installed OS (role node).
+	Machine   string
+	Inventory json.RawMessage
+	// Retire is a node the join replaces: the machine's previous ramdisk.
+	Retire string
 }
 
 // Verdict is an attestor's answer: Admit, or a deferral of RetryAfter.
@@ -95,6 +105,9 @@ type Service struct {
 	// node, before the answer goes out: the gateway ends the session the
 	// node's previous certificate still holds.
 	Reclaimed func(nodeID string)
+	// Retired, when set, is called after a join retired another node (a
+	// machine's previous ramdisk): the gateway ends its session.
+	Retired func(nodeID string)
 }
 
 func (s *Service) now() time.Time {
@@ -195,6 +208,12 @@ func (s *Service) admit(ctx context.Context, r *Request, adm *Admission) (*proto
 	}
 	uuid := SystemUUID(req.Claims.SystemUUID)
 	ek := EKSHA256(req.Claims.TPMEK)
+	if adm.Role == protocol.RoleRamdisk {
+		// A ramdisk is a new node at every boot of a machine whose OS is a
+		// node too: its hardware must not make later joins of that OS
+		// reclaims of the ramdisk.
+		uuid, ek = "", ""
+	}
 
 	var existing store.Node
 	reclaim := false
@@ -262,8 +281,13 @@ func (s *Service) admit(ctx context.Context, r *Request, adm *Admission) (*proto
 		SystemUUID: uuid, TPMEKSHA256: ek, CertSerial: leaf.SerialNumber.Text(16), CertNotAfter: leaf.NotAfter,
 		State: protocol.NodeAdopting,
 	}
-	err = s.Store.Admit(ctx, store.Admission{TokenID: adm.TokenID, Node: node, Reclaim: reclaim, Now: r.Now})
+	err = s.Store.Admit(ctx, store.Admission{TokenID: adm.TokenID, Node: node, Reclaim: reclaim, Now: r.Now,
+		BootNonce: adm.BootNonce, Machine: adm.Machine, Inventory: adm.Inventory, Retire: adm.Retire})
 	switch {
+	case errors.Is(err, store.ErrNonceUsed):
+		return nil, refuse(protocol.CodeNonceUsed, "the boot nonce was used by another join meanwhile")
+	case errors.Is(err, store.ErrNoMachine):
+		return nil, refuse(protocol.CodeMachineNotRegistered, "machine %s was deleted while its ramdisk joined", adm.Machine)
 	case errors.Is(err, store.ErrTokenUsed):
 		return nil, refuse(protocol.CodeTokenUsed, "join token %s was already used", adm.TokenID)
 	case errors.Is(err, store.ErrTokenRevoked):
@@ -280,6 +304,9 @@ func (s *Service) admit(ctx context.Context, r *Request, adm *Admission) (*proto
 
 	if reclaim && s.Reclaimed != nil {
 		s.Reclaimed(nodeID)
+	}
+	if adm.Retire != "" && adm.Retire != nodeID && s.Retired != nil {
+		s.Retired(adm.Retire)
 	}
 	leafPEM := string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
 	result := protocol.JoinResult{
@@ -303,7 +330,7 @@ func (s *Service) admit(ctx context.Context, r *Request, adm *Admission) (*proto
 		return nil, fmt.Errorf("join: %w", err)
 	}
 	s.log().Info("node joined", "node", nodeID, "role", adm.Role, "site", adm.Site, "pool", adm.Pool,
-		"attestor", req.Attestor, "reclaim", reclaim, "token", adm.TokenID, "cert_serial", node.CertSerial)
+		"attestor", req.Attestor, "reclaim", reclaim, "token", adm.TokenID, "machine", adm.Machine, "cert_serial", node.CertSerial)
 	return &protocol.JoinResponse{Signed: signed, SigningKey: s.Bundle.Public.JoinSigningPublicPEM}, nil
 }
 

@@ -35,7 +35,8 @@ func NewTokenAttestor(tokens TokenStore) Attestor {
 
 // NewProvisionedAttestor is the provisioned attestor: an installed OS joins
 // with the token its deploy wrote and the node id that token is bound to,
-// and gets that node id, reclaiming the node when it exists.
+// and gets that node id, reclaiming the node when it exists. A token a
+// machine's deploy minted binds the node to that machine.
 func NewProvisionedAttestor(tokens TokenStore) Attestor {
 	return AttestorFunc(func(ctx context.Context, r *Request) (Verdict, error) {
 		if r.Join.NodeID == "" {
@@ -52,7 +53,8 @@ func NewProvisionedAttestor(tokens TokenStore) Attestor {
 		default:
 			return Verdict{}, refuse(protocol.CodeAttestorRefused, "join token %s is bound to another node id than %s", t.ID, r.Join.NodeID)
 		}
-		return Verdict{Admit: &Admission{Role: t.Role, Site: t.Site, Pool: t.Pool, NodeID: t.NodeID, AllowReclaim: true, TokenID: t.ID}}, nil
+		return Verdict{Admit: &Admission{Role: t.Role, Site: t.Site, Pool: t.Pool, NodeID: t.NodeID, AllowReclaim: true, TokenID: t.ID,
+			Machine: t.MachineID}}, nil
 	})
 }
 

@@ -1,9 +1,10 @@
 // Package store keeps the control plane's state: sites, join tokens, nodes,
-// gateway sessions, commands and their statuses, events, and the operator
-// token's hash.
+// gateway sessions, commands and their statuses, events, machines and their
+// timelines, boot nonces, and the operator token's hash.
 //
 // The rest of the control plane depends on the small interfaces here (Sites,
-// Tokens, Nodes, Sessions, Commands, Operators), never on SQL, so a
+// Tokens, Nodes, Sessions, Commands, Operators, Machines, BootNonces), never
+// on SQL, so a
 // deployment that outgrows one machine can put several api and gateway
 // processes on another implementation (PostgreSQL) without touching them.
 // OpenSQLite is the implementation that `better-compute serve` runs on: pure
@@ -11,11 +12,14 @@
 //
 // # Schema
 //
-//	sites           name PK, created_at
+//	sites           name PK, created_at, auto_approve (1: a ramdisk joins on
+//	                its nonce alone), http_proxy (JSON, NULL for none),
+//	                spec_revision (moved on with every change to what the
+//	                site's agents are sent), updated_at
 //	join_tokens     id PK, hash (SHA-256 of the secret), pool, site → sites,
 //	                role, node_id ('' unless bound to a node: provisioned),
 //	                allow_reclaim, created_at, expires_at, used_at, used_by,
-//	                revoked_at
+//	                revoked_at, machine_id (the deploy that minted it)
 //	nodes           id PK, role, site, pool, spiffe_id, claims (JSON),
 //	                system_uuid, tpm_ek_sha256 (reclaim look-ups),
 //	                cert_serial, cert_not_after, state, cordoned, created_at,
@@ -26,10 +30,29 @@
 //	                protocol_version, remote_addr, connected_at,
 //	                disconnected_at
 //	commands        id PK, node_id, kind, params, state, reason, message,
-//	                progress, result, created_at, updated_at, sent_at
+//	                progress, result, created_at, updated_at, sent_at,
+//	                machine_id ('' unless about a machine)
 //	events          id PK, node_id, session_id, seq, kind, time, level,
 //	                message, data, received_at
 //	operator_tokens id PK, hash UNIQUE, created_at
+//	machines        id PK (m_…), name (NULL for none; UNIQUE per site), site
+//	                → sites, boot_mode ('', ramdisk, local), bmc_address,
+//	                bmc_port, bmc_username, bmc_password (the file is 0600;
+//	                never returned by the api), bmc_cipher_suite, state,
+//	                state_reason, state_changed_at, ramdisk_node, node,
+//	                inventory (JSON), inventory_at, approved,
+//	                last_boot_stage, last_boot_at, created_at, updated_at
+//	machine_macs    mac PK (lowercase, colons), machine_id → machines
+//	machine_events  id PK, machine_id, time, kind, message, node_id,
+//	                command_id, data (JSON): the machine's timeline
+//	boot_nonces     hash PK (SHA-256 of the nonce), mac, site, site_node,
+//	                machine_id, created_at, expires_at, csr_sha256 and
+//	                deferred_at (the join waiting for approval), used_at,
+//	                used_by
+//
+// Migrations are numbered by PRAGMA user_version (1: the first schema, 2:
+// machines) and run in one transaction at open; a database newer than the
+// build is refused.
 //
 // Times are Unix milliseconds (UTC); an absent time is NULL.
 //
@@ -39,5 +62,9 @@
 // connection (no busy-waiting between writers of the same process) while
 // reads use a pool of their own under WAL. A join token is consumed by one
 // UPDATE … WHERE used_at IS NULL inside the transaction that writes the node:
-// of any number of concurrent joins with one token exactly one commits.
+// of any number of concurrent joins with one token exactly one commits. A
+// boot nonce is consumed the same way, in the transaction that writes the
+// ramdisk's node and binds it to its machine. A command about a machine and
+// each of its statuses go on the machine's timeline in the transaction that
+// writes them (a RUNNING report at most every 5 s).
 package store

@@ -16,10 +16,15 @@ import (
 // DBFile is the database's name in the data directory.
 const DBFile = "better-compute.db"
 
-// schemaVersion is PRAGMA user_version of a database this build has migrated.
-const schemaVersion = 1
+// migrations bring a database from PRAGMA user_version i to i+1; a new
+// database runs them all. Each is append-only: a released migration is
+// never edited.
+var migrations = []string{schemaV1, schemaV2}
 
-const schema = `
+// schemaVersion is PRAGMA user_version of a database this build has migrated.
+var schemaVersion = len(migrations)
+
+const schemaV1 = `
 CREATE TABLE sites (
 	name       TEXT PRIMARY KEY,
 	created_at INTEGER NOT NULL
@@ -110,6 +115,73 @@ CREATE TABLE operator_tokens (
 );
 `
 
+// schemaV2 adds machines, their MACs and timelines, boot nonces, and the
+// site's approval policy, proxy and spec revision.
+const schemaV2 = `
+ALTER TABLE sites ADD COLUMN auto_approve INTEGER NOT NULL DEFAULT 1;
+ALTER TABLE sites ADD COLUMN http_proxy TEXT;
+ALTER TABLE sites ADD COLUMN spec_revision INTEGER NOT NULL DEFAULT 1;
+ALTER TABLE sites ADD COLUMN updated_at INTEGER;
+ALTER TABLE join_tokens ADD COLUMN machine_id TEXT NOT NULL DEFAULT '';
+ALTER TABLE commands ADD COLUMN machine_id TEXT NOT NULL DEFAULT '';
+CREATE TABLE machines (
+	id               TEXT PRIMARY KEY,
+	name             TEXT,
+	site             TEXT NOT NULL REFERENCES sites(name),
+	boot_mode        TEXT NOT NULL DEFAULT '',
+	bmc_address      TEXT NOT NULL DEFAULT '',
+	bmc_port         INTEGER NOT NULL DEFAULT 0,
+	bmc_username     TEXT NOT NULL DEFAULT '',
+	bmc_password     TEXT NOT NULL DEFAULT '',
+	bmc_cipher_suite INTEGER NOT NULL DEFAULT 0,
+	state            TEXT NOT NULL,
+	state_reason     TEXT NOT NULL DEFAULT '',
+	state_changed_at INTEGER NOT NULL,
+	ramdisk_node     TEXT NOT NULL DEFAULT '',
+	node             TEXT NOT NULL DEFAULT '',
+	inventory        TEXT,
+	inventory_at     INTEGER,
+	approved         INTEGER NOT NULL DEFAULT 0,
+	last_boot_stage  TEXT NOT NULL DEFAULT '',
+	last_boot_at     INTEGER,
+	created_at       INTEGER NOT NULL,
+	updated_at       INTEGER NOT NULL
+);
+CREATE UNIQUE INDEX machines_site_name ON machines(site, name) WHERE name IS NOT NULL;
+CREATE INDEX machines_name ON machines(name) WHERE name IS NOT NULL;
+CREATE TABLE machine_macs (
+	mac        TEXT PRIMARY KEY,
+	machine_id TEXT NOT NULL REFERENCES machines(id) ON DELETE CASCADE
+);
+CREATE INDEX machine_macs_machine ON machine_macs(machine_id);
+CREATE TABLE machine_events (
+	id         INTEGER PRIMARY KEY,
+	machine_id TEXT NOT NULL,
+	time       INTEGER NOT NULL,
+	kind       TEXT NOT NULL,
+	message    TEXT NOT NULL DEFAULT '',
+	node_id    TEXT NOT NULL DEFAULT '',
+	command_id TEXT NOT NULL DEFAULT '',
+	data       TEXT
+);
+CREATE INDEX machine_events_machine ON machine_events(machine_id, id);
+CREATE INDEX machine_events_command ON machine_events(command_id, id) WHERE command_id != '';
+CREATE TABLE boot_nonces (
+	hash        BLOB PRIMARY KEY,
+	mac         TEXT NOT NULL,
+	site        TEXT NOT NULL,
+	site_node   TEXT NOT NULL,
+	machine_id  TEXT NOT NULL DEFAULT '',
+	created_at  INTEGER NOT NULL,
+	expires_at  INTEGER NOT NULL,
+	csr_sha256  TEXT NOT NULL DEFAULT '',
+	deferred_at INTEGER,
+	used_at     INTEGER,
+	used_by     TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX boot_nonces_expiry ON boot_nonces(expires_at);
+`
+
 // sqliteStore is the SQLite Store.
 type sqliteStore struct {
 	// w is the one connection that writes; r reads concurrently under WAL.
@@ -178,8 +250,10 @@ func (s *sqliteStore) migrate(ctx context.Context) error {
 		return err
 	}
 	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, schema); err != nil {
-		return fmt.Errorf("create schema: %w", err)
+	for i := v; i < schemaVersion; i++ {
+		if _, err := tx.ExecContext(ctx, migrations[i]); err != nil {
+			return fmt.Errorf("migrate the schema to version %d: %w", i+1, err)
+		}
 	}
 	if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", schemaVersion)); err != nil {
 		return err

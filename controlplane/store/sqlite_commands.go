@@ -1,20 +1,25 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
+
+	"github.com/better-compute/bcd/protocol"
 )
 
-const commandColumns = `id, node_id, kind, params, state, reason, message, progress, result, created_at, updated_at, sent_at`
+const commandColumns = `id, node_id, kind, params, state, reason, message, progress, result, created_at, updated_at, sent_at, machine_id`
 
 func scanCommand(sc interface{ Scan(...any) error }) (Command, error) {
 	var c Command
 	var params, progress, result sql.NullString
 	var created, updated, sent sql.NullInt64
 	if err := sc.Scan(&c.ID, &c.NodeID, &c.Kind, &params, &c.State, &c.Reason, &c.Message, &progress, &result,
-		&created, &updated, &sent); err != nil {
+		&created, &updated, &sent, &c.MachineID); err != nil {
 		return Command{}, err
 	}
 	if params.Valid {
@@ -31,9 +36,20 @@ func scanCommand(sc interface{ Scan(...any) error }) (Command, error) {
 }
 
 func (s *sqliteStore) CreateCommand(ctx context.Context, c Command) error {
-	_, err := s.w.ExecContext(ctx, `INSERT INTO commands (`+commandColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		c.ID, c.NodeID, c.Kind, nullJSON(c.Params), c.State, c.Reason, c.Message, nullJSON(c.Progress), nullJSON(c.Result),
-		ms(c.CreatedAt), ms(c.UpdatedAt), ms(c.SentAt))
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO commands (`+commandColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			c.ID, c.NodeID, c.Kind, nullJSON(c.Params), c.State, c.Reason, c.Message, nullJSON(c.Progress), nullJSON(c.Result),
+			ms(c.CreatedAt), ms(c.UpdatedAt), ms(c.SentAt), c.MachineID); err != nil {
+			return err
+		}
+		if c.MachineID == "" {
+			return nil
+		}
+		// The params stay off the timeline: a deploy's carry a join token.
+		data, _ := json.Marshal(map[string]string{"kind": c.Kind, "node": c.NodeID})
+		return addMachineEvent(ctx, tx, MachineEvent{MachineID: c.MachineID, Time: c.CreatedAt, Kind: MachineEventCommand,
+			Message: c.Kind + " for node " + c.NodeID, NodeID: c.NodeID, CommandID: c.ID, Data: data})
+	})
 	if isConstraint(err) {
 		return fmt.Errorf("store: command %s: %w", c.ID, ErrExists)
 	}
@@ -69,14 +85,77 @@ func (s *sqliteStore) MarkSent(ctx context.Context, id string, at time.Time) err
 	return wrap("mark command sent", err)
 }
 
+// progressEvery thins a command's RUNNING reports on its machine's timeline:
+// a deploy reports progress every second or so, the timeline keeps one
+// every few seconds.
+const progressEvery = 5 * time.Second
+
+// maxEventResult bounds the result a status event carries on the timeline.
+const maxEventResult = 4 << 10
+
 func (s *sqliteStore) ApplyStatus(ctx context.Context, u StatusUpdate) (bool, error) {
-	res, err := s.w.ExecContext(ctx, `UPDATE commands SET state = ?, reason = ?, message = ?,
-		progress = COALESCE(?, progress), result = COALESCE(?, result), updated_at = ?
-		WHERE id = ? AND node_id = ? AND state NOT IN ('SUCCEEDED', 'FAILED', 'UNSUPPORTED')`,
-		u.State, u.Reason, u.Message, nullJSON(u.Progress), nullJSON(u.Result), ms(u.At), u.CommandID, u.NodeID)
-	if err != nil {
-		return false, wrap("apply status", err)
-	}
-	n, err := rowsAffected(res)
-	return n == 1, wrap("apply status", err)
+	applied := false
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		var kind, machine, prev string
+		err := tx.QueryRowContext(ctx, `SELECT kind, machine_id, state FROM commands
+			WHERE id = ? AND node_id = ? AND state NOT IN ('SUCCEEDED', 'FAILED', 'UNSUPPORTED')`,
+			u.CommandID, u.NodeID).Scan(&kind, &machine, &prev)
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE commands SET state = ?, reason = ?, message = ?,
+			progress = COALESCE(?, progress), result = COALESCE(?, result), updated_at = ? WHERE id = ?`,
+			u.State, u.Reason, u.Message, nullJSON(u.Progress), nullJSON(u.Result), ms(u.At), u.CommandID); err != nil {
+			return err
+		}
+		applied = true
+		if machine == "" {
+			return nil
+		}
+		if kind == protocol.KindInventory && u.State == protocol.StateSucceeded && json.Valid(u.Result) && bytes.HasPrefix(bytes.TrimSpace(u.Result), []byte("{")) {
+			if _, err := tx.ExecContext(ctx, `UPDATE machines SET inventory = ?, inventory_at = ?, updated_at = ? WHERE id = ?`,
+				string(u.Result), ms(u.At), ms(u.At), machine); err != nil {
+				return err
+			}
+		}
+		if u.State == prev {
+			var last sql.NullInt64
+			if err := tx.QueryRowContext(ctx, `SELECT max(time) FROM machine_events WHERE command_id = ?`, u.CommandID).Scan(&last); err != nil {
+				return err
+			}
+			if last.Valid && u.At.Sub(fromMS(last)) < progressEvery {
+				return nil
+			}
+		}
+		ev := map[string]any{"kind": kind, "state": u.State}
+		if u.Reason != "" {
+			ev["reason"] = u.Reason
+		}
+		if u.Message != "" {
+			ev["message"] = u.Message
+		}
+		if len(u.Progress) > 0 {
+			ev["progress"] = json.RawMessage(u.Progress)
+		}
+		if len(u.Result) > 0 && len(u.Result) <= maxEventResult && kind != protocol.KindInventory && json.Valid(u.Result) {
+			ev["result"] = json.RawMessage(u.Result)
+		}
+		data, err := json.Marshal(ev)
+		if err != nil {
+			return err
+		}
+		msg := kind + " " + u.State
+		if u.Reason != "" {
+			msg += ": " + u.Reason
+		}
+		if u.Message != "" {
+			msg += ": " + u.Message
+		}
+		return addMachineEvent(ctx, tx, MachineEvent{MachineID: machine, Time: u.At, Kind: MachineEventCommandStatus,
+			Message: msg, NodeID: u.NodeID, CommandID: u.CommandID, Data: data})
+	})
+	return applied, wrap("apply status", err)
 }

@@ -39,22 +39,42 @@ func (s *sqliteStore) Admit(ctx context.Context, a Admission) error {
 				return err
 			}
 		}
+		if a.BootNonce != nil {
+			if err := consumeNonce(ctx, tx, *a.BootNonce, n.ID, a.Now); err != nil {
+				return err
+			}
+		}
 		if a.Reclaim {
-			return updateLiveNode(ctx, tx, n.ID, `role = ?, site = ?, pool = ?, spiffe_id = ?, claims = ?,
+			if err := updateLiveNode(ctx, tx, n.ID, `role = ?, site = ?, pool = ?, spiffe_id = ?, claims = ?,
 				system_uuid = ?, tpm_ek_sha256 = ?, cert_serial = ?, cert_not_after = ?, state = ?,
 				updated_at = ?, joined_at = ?`,
 				n.Role, n.Site, n.Pool, n.SPIFFEID, claims, n.SystemUUID, n.TPMEKSHA256, n.CertSerial,
-				ms(n.CertNotAfter), n.State, ms(a.Now), ms(a.Now))
+				ms(n.CertNotAfter), n.State, ms(a.Now), ms(a.Now)); err != nil {
+				return err
+			}
+		} else {
+			_, err := tx.ExecContext(ctx, `INSERT INTO nodes (id, role, site, pool, spiffe_id, claims, system_uuid,
+				tpm_ek_sha256, cert_serial, cert_not_after, state, cordoned, created_at, updated_at, joined_at)
+				VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?)`,
+				n.ID, n.Role, n.Site, n.Pool, n.SPIFFEID, claims, n.SystemUUID, n.TPMEKSHA256, n.CertSerial,
+				ms(n.CertNotAfter), n.State, ms(a.Now), ms(a.Now), ms(a.Now))
+			if isConstraint(err) {
+				return ErrExists
+			}
+			if err != nil {
+				return err
+			}
 		}
-		_, err := tx.ExecContext(ctx, `INSERT INTO nodes (id, role, site, pool, spiffe_id, claims, system_uuid,
-			tpm_ek_sha256, cert_serial, cert_not_after, state, cordoned, created_at, updated_at, joined_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?)`,
-			n.ID, n.Role, n.Site, n.Pool, n.SPIFFEID, claims, n.SystemUUID, n.TPMEKSHA256, n.CertSerial,
-			ms(n.CertNotAfter), n.State, ms(a.Now), ms(a.Now), ms(a.Now))
-		if isConstraint(err) {
-			return ErrExists
+		if a.Retire != "" && a.Retire != n.ID {
+			if err := deleteNode(ctx, tx, a.Retire, a.Now, "the machine's next agent joined"); err != nil &&
+				!errors.Is(err, ErrNodeDeleted) && !errors.Is(err, sql.ErrNoRows) {
+				return err
+			}
 		}
-		return err
+		if a.Machine != "" {
+			return bindMachine(ctx, tx, a)
+		}
+		return nil
 	}))
 }
 
@@ -115,14 +135,19 @@ func updateLiveNode(ctx context.Context, tx *sql.Tx, id, set string, args ...any
 
 func (s *sqliteStore) DeleteNode(ctx context.Context, id string, at time.Time) error {
 	return wrap("delete node "+id, s.tx(ctx, func(tx *sql.Tx) error {
-		if err := updateLiveNode(ctx, tx, id, `deleted_at = ?, updated_at = ?`, ms(at), ms(at)); err != nil {
-			return err
-		}
-		_, err := tx.ExecContext(ctx, `UPDATE commands SET state = 'FAILED', reason = 'NodeDeleted',
-			message = 'the node was deleted', updated_at = ?
-			WHERE node_id = ? AND state NOT IN ('SUCCEEDED', 'FAILED', 'UNSUPPORTED')`, ms(at), id)
-		return err
+		return deleteNode(ctx, tx, id, at, "the node was deleted")
 	}))
+}
+
+// deleteNode marks a node deleted and fails its open commands, within tx.
+func deleteNode(ctx context.Context, tx *sql.Tx, id string, at time.Time, why string) error {
+	if err := updateLiveNode(ctx, tx, id, `deleted_at = ?, updated_at = ?`, ms(at), ms(at)); err != nil {
+		return err
+	}
+	_, err := tx.ExecContext(ctx, `UPDATE commands SET state = 'FAILED', reason = 'NodeDeleted',
+		message = ?, updated_at = ?
+		WHERE node_id = ? AND state NOT IN ('SUCCEEDED', 'FAILED', 'UNSUPPORTED')`, why, ms(at), id)
+	return err
 }
 
 func (s *sqliteStore) SetCordoned(ctx context.Context, id string, cordoned bool, at time.Time) error {

@@ -3,49 +3,111 @@ package store
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/better-compute/bcd/controlplane/token"
+	"github.com/better-compute/bcd/protocol"
 )
 
+const siteColumns = `name, auto_approve, http_proxy, spec_revision, created_at, updated_at`
+
+func scanSite(sc interface{ Scan(...any) error }) (Site, error) {
+	var site Site
+	var auto bool
+	var proxy sql.NullString
+	var created, updated sql.NullInt64
+	if err := sc.Scan(&site.Name, &auto, &proxy, &site.SpecRevision, &created, &updated); err != nil {
+		return Site{}, err
+	}
+	site.Approval = ApprovalAuto
+	if !auto {
+		site.Approval = ApprovalManual
+	}
+	if proxy.Valid {
+		site.HTTPProxy = new(protocol.HTTPProxySection)
+		if err := json.Unmarshal([]byte(proxy.String), site.HTTPProxy); err != nil {
+			return Site{}, fmt.Errorf("site %s: http_proxy: %w", site.Name, err)
+		}
+	}
+	site.CreatedAt, site.UpdatedAt = fromMS(created), fromMS(updated)
+	return site, nil
+}
+
 func (s *sqliteStore) CreateSite(ctx context.Context, site Site) error {
-	_, err := s.w.ExecContext(ctx, `INSERT INTO sites (name, created_at) VALUES (?, ?)`, site.Name, ms(site.CreatedAt))
+	proxy, err := proxyJSON(site.HTTPProxy)
+	if err != nil {
+		return err
+	}
+	_, err = s.w.ExecContext(ctx, `INSERT INTO sites (name, auto_approve, http_proxy, spec_revision, created_at, updated_at)
+		VALUES (?, ?, ?, 1, ?, ?)`, site.Name, !site.ManualApproval(), proxy, ms(site.CreatedAt), ms(site.CreatedAt))
 	if isConstraint(err) {
 		return fmt.Errorf("store: site %q: %w", site.Name, ErrExists)
 	}
 	return wrap("create site", err)
 }
 
-func (s *sqliteStore) GetSite(ctx context.Context, name string) (Site, error) {
-	var site Site
-	var created sql.NullInt64
-	err := s.r.QueryRowContext(ctx, `SELECT name, created_at FROM sites WHERE name = ?`, name).Scan(&site.Name, &created)
-	if err != nil {
-		return Site{}, wrap(fmt.Sprintf("site %q", name), err)
+func proxyJSON(p *protocol.HTTPProxySection) (any, error) {
+	if p == nil {
+		return nil, nil
 	}
-	site.CreatedAt = fromMS(created)
-	return site, nil
+	b, err := json.Marshal(p)
+	if err != nil {
+		return nil, fmt.Errorf("store: http_proxy: %w", err)
+	}
+	return string(b), nil
+}
+
+func (s *sqliteStore) GetSite(ctx context.Context, name string) (Site, error) {
+	site, err := scanSite(s.r.QueryRowContext(ctx, `SELECT `+siteColumns+` FROM sites WHERE name = ?`, name))
+	return site, wrap(fmt.Sprintf("site %q", name), err)
 }
 
 func (s *sqliteStore) ListSites(ctx context.Context) ([]Site, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT name, created_at FROM sites ORDER BY name`)
+	rows, err := s.r.QueryContext(ctx, `SELECT `+siteColumns+` FROM sites ORDER BY name`)
 	if err != nil {
 		return nil, wrap("list sites", err)
 	}
 	defer rows.Close()
 	var out []Site
 	for rows.Next() {
-		var site Site
-		var created sql.NullInt64
-		if err := rows.Scan(&site.Name, &created); err != nil {
+		site, err := scanSite(rows)
+		if err != nil {
 			return nil, wrap("list sites", err)
 		}
-		site.CreatedAt = fromMS(created)
 		out = append(out, site)
 	}
 	return out, wrap("list sites", rows.Err())
+}
+
+func (s *sqliteStore) SetSiteHTTPProxy(ctx context.Context, name string, p *protocol.HTTPProxySection, at time.Time) (Site, error) {
+	proxy, err := proxyJSON(p)
+	if err != nil {
+		return Site{}, err
+	}
+	var site Site
+	err = s.tx(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `UPDATE sites SET http_proxy = ?, spec_revision = spec_revision + 1, updated_at = ?
+			WHERE name = ?`, proxy, ms(at), name)
+		if err != nil {
+			return err
+		}
+		if n, err := rowsAffected(res); err != nil || n != 1 {
+			return errors.Join(err, ErrNotFound)
+		}
+		site, err = scanSite(tx.QueryRowContext(ctx, `SELECT `+siteColumns+` FROM sites WHERE name = ?`, name))
+		return err
+	})
+	return site, wrap(fmt.Sprintf("site %q: http proxy", name), err)
+}
+
+// bumpSpec moves a site's spec revision on, within tx.
+func bumpSpec(ctx context.Context, tx *sql.Tx, site string, at time.Time) error {
+	_, err := tx.ExecContext(ctx, `UPDATE sites SET spec_revision = spec_revision + 1, updated_at = ? WHERE name = ?`, ms(at), site)
+	return err
 }
 
 // isConstraint reports a UNIQUE, PRIMARY KEY or FOREIGN KEY violation. The

@@ -7,14 +7,14 @@ import (
 	"time"
 )
 
-const tokenColumns = `id, hash, pool, site, role, node_id, allow_reclaim, created_at, expires_at, used_at, used_by, revoked_at`
+const tokenColumns = `id, hash, pool, site, role, node_id, allow_reclaim, created_at, expires_at, used_at, used_by, revoked_at, machine_id`
 
 func scanToken(sc interface{ Scan(...any) error }) (Token, error) {
 	var t Token
 	var hash []byte
 	var created, expires, used, revoked sql.NullInt64
 	if err := sc.Scan(&t.ID, &hash, &t.Pool, &t.Site, &t.Role, &t.NodeID, &t.AllowReclaim,
-		&created, &expires, &used, &t.UsedBy, &revoked); err != nil {
+		&created, &expires, &used, &t.UsedBy, &revoked, &t.MachineID); err != nil {
 		return Token{}, err
 	}
 	if len(hash) != len(t.Hash) {
@@ -26,9 +26,9 @@ func scanToken(sc interface{ Scan(...any) error }) (Token, error) {
 }
 
 func (s *sqliteStore) CreateToken(ctx context.Context, t Token) error {
-	_, err := s.w.ExecContext(ctx, `INSERT INTO join_tokens (`+tokenColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+	_, err := s.w.ExecContext(ctx, `INSERT INTO join_tokens (`+tokenColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		t.ID, t.Hash[:], t.Pool, t.Site, t.Role, t.NodeID, t.AllowReclaim,
-		ms(t.CreatedAt), ms(t.ExpiresAt), ms(t.UsedAt), t.UsedBy, ms(t.RevokedAt))
+		ms(t.CreatedAt), ms(t.ExpiresAt), ms(t.UsedAt), t.UsedBy, ms(t.RevokedAt), t.MachineID)
 	switch {
 	case isForeignKey(err):
 		return fmt.Errorf("store: site %q: %w", t.Site, ErrNotFound)

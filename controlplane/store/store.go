@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/better-compute/bcd/controlplane/token"
+	"github.com/better-compute/bcd/protocol"
 )
 
 // Errors a caller tells apart with errors.Is.
@@ -17,6 +18,17 @@ var (
 	ErrTokenRevoked = errors.New("join token revoked")
 	ErrTokenExpired = errors.New("join token expired")
 	ErrNodeDeleted  = errors.New("node deleted")
+	// ErrMACTaken: a MAC given for a machine belongs to another machine.
+	ErrMACTaken = errors.New("MAC address belongs to another machine")
+	// ErrNameTaken: the site already has a machine of that name.
+	ErrNameTaken = errors.New("machine name taken in this site")
+	// ErrNonceUsed: the boot nonce was consumed by another join.
+	ErrNonceUsed = errors.New("boot nonce already used")
+	// ErrNonceClaimed: the boot nonce was presented by a join with another
+	// CSR, which waits for approval.
+	ErrNonceClaimed = errors.New("boot nonce presented by another join")
+	// ErrNoMachine: the machine a ramdisk join binds to is gone.
+	ErrNoMachine = errors.New("machine not found")
 )
 
 // Command states the control plane adds before an agent reports one of the
@@ -28,11 +40,32 @@ const (
 	CommandSent = "SENT"
 )
 
-// Site is a data-centre site. Tokens and nodes belong to one.
+// Approval policies of a site (Site.Approval): whether a machine's ramdisk
+// joins on its boot nonce alone or waits for `machines approve`.
+const (
+	ApprovalAuto   = "auto"
+	ApprovalManual = "manual"
+)
+
+// Site is a data-centre site. Tokens, nodes and machines belong to one.
 type Site struct {
-	Name      string    `json:"name"`
-	CreatedAt time.Time `json:"created_at"`
+	Name string `json:"name"`
+	// Approval is ApprovalAuto ("" when creating means auto) or
+	// ApprovalManual.
+	Approval string `json:"approval"`
+	// HTTPProxy is the proxy the site's agents run for the boot network;
+	// nil for none.
+	HTTPProxy *protocol.HTTPProxySection `json:"http_proxy,omitempty"`
+	// SpecRevision grows with every change to what the site's agents are
+	// sent (machines, BMCs, boot modes, the proxy).
+	SpecRevision int64     `json:"spec_revision"`
+	CreatedAt    time.Time `json:"created_at"`
+	UpdatedAt    time.Time `json:"updated_at,omitzero"`
 }
+
+// ManualApproval reports whether the site's ramdisk joins wait for an
+// operator.
+func (s Site) ManualApproval() bool { return s.Approval == ApprovalManual }
 
 // Token is a join token's record. The secret is not in it, only its hash.
 type Token struct {
@@ -43,7 +76,10 @@ type Token struct {
 	Role string     `json:"role"`
 	// NodeID binds the token to one node id (the provisioned attestor): the
 	// join must name it and gets it.
-	NodeID       string    `json:"node_id,omitempty"`
+	NodeID string `json:"node_id,omitempty"`
+	// MachineID names the machine whose deploy minted the token: the node
+	// that joins with it is bound to that machine.
+	MachineID    string    `json:"machine_id,omitempty"`
 	AllowReclaim bool      `json:"allow_reclaim"`
 	CreatedAt    time.Time `json:"created_at"`
 	ExpiresAt    time.Time `json:"expires_at"`
@@ -97,8 +133,11 @@ type Session struct {
 
 // Command is something a node is asked to do once, with its latest status.
 type Command struct {
-	ID        string          `json:"id"`
-	NodeID    string          `json:"node_id"`
+	ID     string `json:"id"`
+	NodeID string `json:"node_id"`
+	// MachineID is the machine the command is about, "" for none: its
+	// creation and statuses go on the machine's timeline.
+	MachineID string          `json:"machine_id,omitempty"`
 	Kind      string          `json:"kind"`
 	Params    json.RawMessage `json:"params,omitempty"`
 	State     string          `json:"state"`
@@ -148,7 +187,21 @@ type Admission struct {
 	// Reclaim replaces the existing, not deleted, node Node.ID (same id, new
 	// certificate) instead of inserting a new one.
 	Reclaim bool
-	Now     time.Time
+	// BootNonce, when set, is consumed in the same transaction (ErrNonceUsed
+	// when another join consumed it first): the discovery attestor's
+	// single use.
+	BootNonce *token.Hash
+	// Machine, when set, binds the node to that machine in the same
+	// transaction: as its ramdisk node (role ramdisk, with Inventory as
+	// the machine's inventory; ErrNoMachine when the machine is gone) or
+	// as its installed node (role node; the machine's ramdisk node is
+	// retired).
+	Machine   string
+	Inventory json.RawMessage
+	// Retire, when set, is a node the join replaces (the machine's previous
+	// ramdisk): it is deleted in the same transaction.
+	Retire string
+	Now    time.Time
 }
 
 // Sites holds the sites.
@@ -157,6 +210,9 @@ type Sites interface {
 	CreateSite(ctx context.Context, s Site) error
 	GetSite(ctx context.Context, name string) (Site, error)
 	ListSites(ctx context.Context) ([]Site, error)
+	// SetSiteHTTPProxy sets (nil: removes) the site's proxy and moves its
+	// spec revision on.
+	SetSiteHTTPProxy(ctx context.Context, name string, p *protocol.HTTPProxySection, at time.Time) (Site, error)
 }
 
 // Tokens holds join tokens.
@@ -238,5 +294,7 @@ type Store interface {
 	Sessions
 	Commands
 	Operators
+	Machines
+	BootNonces
 	Close() error
 }

@@ -1,0 +1,158 @@
+package join
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/better-compute/bcd/controlplane/httpjson"
+	"github.com/better-compute/bcd/controlplane/ids"
+	"github.com/better-compute/bcd/controlplane/machines"
+	"github.com/better-compute/bcd/controlplane/store"
+	"github.com/better-compute/bcd/controlplane/token"
+	"github.com/better-compute/bcd/protocol"
+)
+
+// DiscoveryRetryAfter is how long a ramdisk waiting for an operator's
+// approval waits between tries.
+const DiscoveryRetryAfter = 5 * time.Second
+
+// DiscoveryStore is what the discovery attestor reads, and the two things
+// it writes: a nonce's binding to the join that waits for approval, and the
+// machine's timeline.
+type DiscoveryStore interface {
+	GetBootNonce(ctx context.Context, h token.Hash) (store.BootNonce, error)
+	DeferBootNonce(ctx context.Context, h token.Hash, csrSHA256 string, at time.Time) (bool, error)
+	FindMachineByMAC(ctx context.Context, mac string) (store.Machine, error)
+	GetSite(ctx context.Context, name string) (store.Site, error)
+	AddMachineEvent(ctx context.Context, e store.MachineEvent) error
+}
+
+// NonceHash is what the store keeps of a boot nonce.
+func NonceHash(nonce string) token.Hash { return sha256.Sum256([]byte(nonce)) }
+
+// NewDiscoveryAttestor is the discovery attestor: a ramdisk joins with the
+// boot nonce the site agent put on its kernel command line. The nonce must
+// be one a site agent reported (looked up by its SHA-256, so the lookup
+// says nothing about the nonce), unused, unexpired, minted for a MAC the
+// join's claims list, and that MAC a machine of the nonce's site. The
+// ramdisk then joins as a new node of role ramdisk in the machine's site,
+// bound to the machine, and the nonce is consumed in the same transaction,
+// so of two joins with one nonce exactly one gets a certificate.
+//
+// In a site with manual approval a machine that is not approved is
+// deferred (RetryAfter DiscoveryRetryAfter) and the nonce is bound to the
+// join's CSR: the same CSR retried after `machines approve` succeeds even
+// once the nonce's lifetime has passed, and no other key can use it.
+func NewDiscoveryAttestor(st DiscoveryStore) Attestor {
+	return AttestorFunc(func(ctx context.Context, r *Request) (Verdict, error) {
+		req := r.Join
+		switch {
+		case req.Role != protocol.RoleRamdisk:
+			return Verdict{}, refuse(protocol.CodeWrongRole, "the %s attestor admits role %s only, not %s", protocol.AttestorDiscovery, protocol.RoleRamdisk, short(req.Role))
+		case req.NodeID != "":
+			return Verdict{}, refuse(protocol.CodeInvalidInput, "node_id is for the %s attestor; a ramdisk gets a new node id at every boot", protocol.AttestorProvisioned)
+		case req.SealedToken != "":
+			return Verdict{}, refuse(protocol.CodeInvalidInput, "the %s attestor takes a boot_nonce, not a join token", protocol.AttestorDiscovery)
+		case req.BootNonce == "":
+			return Verdict{}, refuse(protocol.CodeInvalidInput, "the %s attestor needs boot_nonce (%s from the kernel command line)", protocol.AttestorDiscovery, protocol.CmdlineBootNonce)
+		case !machines.ValidNonce(req.BootNonce):
+			// Never echoed: whatever it is, it was meant to be secret.
+			return Verdict{}, refuse(protocol.CodeInvalidInput, "boot_nonce is not a boot nonce (16 to 256 printable characters, no spaces or quotes)")
+		}
+		h := NonceHash(req.BootNonce)
+		n, err := st.GetBootNonce(ctx, h)
+		if errors.Is(err, store.ErrNotFound) {
+			e := httpjson.Errorf(protocol.CodeNonceUnknown, "no site agent reported this boot nonce (yet): it is not one the control plane knows")
+			e.Retryable = true
+			return Verdict{}, e
+		}
+		if err != nil {
+			return Verdict{}, err
+		}
+		m, err := st.FindMachineByMAC(ctx, n.MAC)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			m = store.Machine{}
+		case err != nil:
+			return Verdict{}, err
+		case m.Site != n.Site:
+			m = store.Machine{}
+		}
+		deferredHere := n.CSRSHA256 != "" && n.CSRSHA256 == r.CSRSHA256
+		refusal := func(code, format string, args ...any) (Verdict, error) {
+			e := httpjson.Errorf(code, format, args...)
+			if m.ID != "" {
+				data, _ := json.Marshal(map[string]string{"code": code, "mac": n.MAC})
+				if err := st.AddMachineEvent(ctx, store.MachineEvent{MachineID: m.ID, Time: r.Now, Kind: "join.refused",
+					Message: "a ramdisk join was refused: " + e.Error(), Data: data}); err != nil {
+					return Verdict{}, err
+				}
+			}
+			return Verdict{}, e
+		}
+		switch {
+		case !n.UsedAt.IsZero():
+			return refusal(protocol.CodeNonceUsed, "the boot nonce for %s was already used by node %s at %s; a nonce admits one join (PXE-boot the machine again for a new one)",
+				n.MAC, n.UsedBy, n.UsedAt.UTC().Format(time.RFC3339))
+		case n.CSRSHA256 != "" && !deferredHere:
+			return refusal(protocol.CodeNonceUsed, "the boot nonce for %s was presented by another join (another key), which waits for approval", n.MAC)
+		case !r.Now.Before(n.ExpiresAt) && !deferredHere:
+			return refusal(protocol.CodeNonceExpired, "the boot nonce for %s expired at %s; PXE-boot the machine again for a new one",
+				n.MAC, n.ExpiresAt.UTC().Format(time.RFC3339))
+		case !claimsMAC(req.Claims, n.MAC):
+			return refusal(protocol.CodeNonceWrongMAC, "the boot nonce was minted for another MAC than the %d in this join's claims.macs", len(req.Claims.MACs))
+		case req.Site != "" && req.Site != n.Site:
+			return refusal(protocol.CodeWrongSite, "the boot nonce was minted by a site agent of site %s, the join says site %s", n.Site, short(req.Site))
+		case m.ID == "":
+			return Verdict{}, refuse(protocol.CodeMachineNotRegistered, "MAC %s is not a machine of site %s (better-compute machines add --site %s --mac %s)",
+				n.MAC, n.Site, n.Site, n.MAC)
+		}
+		site, err := st.GetSite(ctx, m.Site)
+		if err != nil {
+			return Verdict{}, err
+		}
+		if site.ManualApproval() && !m.Approved {
+			first, err := st.DeferBootNonce(ctx, h, r.CSRSHA256, r.Now)
+			switch {
+			case errors.Is(err, store.ErrNonceUsed), errors.Is(err, store.ErrNonceClaimed):
+				return refusal(protocol.CodeNonceUsed, "the boot nonce for %s was used by another join meanwhile", n.MAC)
+			case err != nil:
+				return Verdict{}, err
+			}
+			if first {
+				if err := st.AddMachineEvent(ctx, store.MachineEvent{MachineID: m.ID, Time: r.Now, Kind: "join.deferred",
+					Message: fmt.Sprintf("the ramdisk waits for approval (site %s approves manually): better-compute machines approve %s", m.Site, m.ID)}); err != nil {
+					return Verdict{}, err
+				}
+			}
+			return Verdict{RetryAfter: DiscoveryRetryAfter}, nil
+		}
+		inventory, err := json.Marshal(req.Claims)
+		if err != nil {
+			return Verdict{}, fmt.Errorf("discovery: claims: %w", err)
+		}
+		return Verdict{Admit: &Admission{
+			Role:      protocol.RoleRamdisk,
+			Site:      m.Site,
+			NodeID:    ids.New(ids.PrefixNode, r.Now),
+			BootNonce: &h,
+			Machine:   m.ID,
+			Inventory: inventory,
+			Retire:    m.RamdiskNode,
+		}}, nil
+	})
+}
+
+// claimsMAC reports whether the claims list mac, in whatever spelling.
+func claimsMAC(c protocol.Claims, mac string) bool {
+	for _, m := range c.MACs {
+		if n, err := machines.NormalizeMAC(m); err == nil && n == mac {
+			return true
+		}
+	}
+	return false
+}

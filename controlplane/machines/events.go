@@ -1,0 +1,179 @@
+package machines
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/better-compute/bcd/controlplane/store"
+	"github.com/better-compute/bcd/controlplane/token"
+	"github.com/better-compute/bcd/protocol"
+)
+
+// MaxClockSkew is how far a site agent's clock may run ahead of the control
+// plane's before a nonce's expiry counts as too far ahead.
+const MaxClockSkew = time.Minute
+
+// Machine event kinds written from site agents' events.
+const (
+	EventKindBooted = protocol.EventMachineBooted
+	EventKindNonce  = protocol.EventBootNonce
+)
+
+// EventStore is what Events writes.
+type EventStore interface {
+	RecordBoot(ctx context.Context, site, mac, stage string, ev store.MachineEvent) (string, error)
+	AddBootNonce(ctx context.Context, n store.BootNonce) (bool, error)
+	FindMachineByMAC(ctx context.Context, mac string) (store.Machine, error)
+	AddMachineEvent(ctx context.Context, e store.MachineEvent) error
+}
+
+// Events makes machine records of what site agents report.
+type Events struct {
+	// Store holds machines and nonces.
+	Store EventStore
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+	// Logger; nil discards.
+	Logger *slog.Logger
+}
+
+func (e *Events) now() time.Time {
+	if e.Now != nil {
+		return e.Now()
+	}
+	return time.Now()
+}
+
+func (e *Events) log() *slog.Logger {
+	if e.Logger != nil {
+		return e.Logger
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// Event handles an event of node and returns it as it may be stored: a
+// boot.nonce's nonce replaced by its SHA-256. An error is the store
+// failing: the event is then not acknowledged, and the agent replays it
+// (handling one twice changes nothing).
+func (e *Events) Event(ctx context.Context, node store.Node, ev protocol.Event) (protocol.Event, error) {
+	if node.Role != protocol.RoleSite {
+		return ev, nil
+	}
+	switch ev.Kind {
+	case protocol.EventMachineBooted:
+		return ev, e.booted(ctx, node, ev)
+	case protocol.EventBootNonce:
+		return e.nonce(ctx, node, ev)
+	}
+	return ev, nil
+}
+
+func (e *Events) booted(ctx context.Context, node store.Node, ev protocol.Event) error {
+	var b protocol.MachineBooted
+	if err := json.Unmarshal(ev.Data, &b); err != nil {
+		e.log().Warn("machine.booted: ignoring malformed data", "node", node.ID, "err", err)
+		return nil
+	}
+	mac, err := NormalizeMAC(b.MAC)
+	if err != nil || !validStage(b.Stage) {
+		e.log().Warn("machine.booted: ignoring an event without a MAC and stage", "node", node.ID, "mac", short(b.MAC), "stage", short(b.Stage))
+		return nil
+	}
+	at := b.Time
+	if at.IsZero() {
+		at = ev.Time
+	}
+	msg := "stage " + b.Stage
+	if b.File != "" {
+		msg += ": served " + short(b.File)
+	}
+	if b.IP != "" {
+		msg += " to " + short(b.IP)
+	}
+	msg += " (" + mac + ")"
+	id, err := e.Store.RecordBoot(ctx, node.Site, mac, b.Stage, store.MachineEvent{Time: at, Kind: EventKindBooted,
+		Message: msg, NodeID: node.ID, Data: ev.Data})
+	if errors.Is(err, store.ErrNotFound) {
+		e.log().Debug("machine.booted for a MAC that is no machine of the site", "node", node.ID, "site", node.Site, "mac", mac)
+		return nil
+	}
+	if err == nil {
+		e.log().Info("machine booted", "machine", id, "mac", mac, "stage", b.Stage, "site", node.Site)
+	}
+	return err
+}
+
+func validStage(s string) bool {
+	if s == "" || len(s) > 32 {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+// StoredNonce is what a boot.nonce event's data becomes in the store.
+type StoredNonce struct {
+	MAC         string    `json:"mac"`
+	NonceSHA256 string    `json:"nonce_sha256"`
+	ExpiresAt   time.Time `json:"expires_at"`
+}
+
+func (e *Events) nonce(ctx context.Context, node store.Node, ev protocol.Event) (protocol.Event, error) {
+	var b protocol.BootNonce
+	err := json.Unmarshal(ev.Data, &b)
+	// Whatever the data and message were, the stored event carries neither:
+	// they may hold the nonce.
+	ev.Data, ev.Message = nil, ""
+	if err != nil {
+		e.log().Warn("boot.nonce: ignoring malformed data", "node", node.ID, "err", err)
+		return ev, nil
+	}
+	now := e.now()
+	mac, macErr := NormalizeMAC(b.MAC)
+	var why string
+	switch {
+	case macErr != nil:
+		why = "no valid MAC"
+	case !ValidNonce(b.Nonce):
+		why = "not a valid nonce"
+	case !now.Before(b.ExpiresAt):
+		why = "already expired"
+	case b.ExpiresAt.After(now.Add(protocol.MaxBootNonceLifetime + MaxClockSkew)):
+		why = fmt.Sprintf("expires %s ahead, more than %s", b.ExpiresAt.Sub(now).Round(time.Second), protocol.MaxBootNonceLifetime)
+	}
+	if why != "" {
+		e.log().Warn("boot.nonce refused", "node", node.ID, "mac", short(b.MAC), "reason", why)
+		ev.Message = "refused: " + why
+		return ev, nil
+	}
+	h := token.Hash(sha256.Sum256([]byte(b.Nonce)))
+	stored := StoredNonce{MAC: mac, NonceSHA256: hex.EncodeToString(h[:]), ExpiresAt: b.ExpiresAt.UTC()}
+	ev.Data, _ = json.Marshal(stored)
+	ev.Message = "boot nonce for " + mac
+
+	machine := ""
+	if m, err := e.Store.FindMachineByMAC(ctx, mac); err == nil && m.Site == node.Site {
+		machine = m.ID
+	} else if err != nil && !errors.Is(err, store.ErrNotFound) {
+		return ev, err
+	}
+	added, err := e.Store.AddBootNonce(ctx, store.BootNonce{Hash: h, MAC: mac, Site: node.Site, SiteNode: node.ID,
+		MachineID: machine, CreatedAt: now, ExpiresAt: b.ExpiresAt})
+	if err != nil || !added || machine == "" {
+		return ev, err
+	}
+	data, _ := json.Marshal(map[string]any{"mac": mac, "expires_at": stored.ExpiresAt})
+	return ev, e.Store.AddMachineEvent(ctx, store.MachineEvent{MachineID: machine, Time: now, Kind: EventKindNonce,
+		Message: fmt.Sprintf("boot nonce minted for %s, valid until %s", mac, stored.ExpiresAt.Format(time.RFC3339)),
+		NodeID:  node.ID, Data: data})
+}

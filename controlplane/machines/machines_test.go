@@ -1,0 +1,295 @@
+package machines
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/better-compute/bcd/config"
+	"github.com/better-compute/bcd/controlplane/cptest"
+	"github.com/better-compute/bcd/controlplane/store"
+	"github.com/better-compute/bcd/protocol"
+)
+
+var ctx = context.Background()
+
+func TestNormalizeMAC(t *testing.T) {
+	for in, want := range map[string]string{
+		"52:54:00:12:34:56":  "52:54:00:12:34:56",
+		"52:54:00:AB:cd:EF":  "52:54:00:ab:cd:ef",
+		"52-54-00-ab-cd-ef":  "52:54:00:ab:cd:ef",
+		"5254.00ab.cdef":     "52:54:00:ab:cd:ef",
+		" 52:54:00:ab:cd:ef": "52:54:00:ab:cd:ef",
+	} {
+		if got, err := NormalizeMAC(in); err != nil || got != want {
+			t.Errorf("NormalizeMAC(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "52:54:00:12:34", "00:00:00:00:fe:80:00:00:00:00:00:00:02:00:5e:10:00:00:00:01", "zz:54:00:12:34:56", "m_x"} {
+		if _, err := NormalizeMAC(bad); err == nil {
+			t.Errorf("NormalizeMAC(%q) accepted", bad)
+		}
+	}
+}
+
+func TestSpecs(t *testing.T) {
+	st := cptest.NewStore(t)
+	specs := &Specs{Store: st, GatewayURL: "https://gw.example.test"}
+	site := store.Node{ID: "n_site", Role: protocol.RoleSite, Site: cptest.Site}
+
+	empty, err := specs.Spec(ctx, site)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if empty.Revision != 1 || string(empty.Sections[protocol.SectionBoot]) != `{"entries":[]}` ||
+		string(empty.Sections[protocol.SectionBMCHosts]) != `{"hosts":[]}` || empty.Sections[protocol.SectionHTTPProxy] != nil {
+		t.Errorf("empty site's spec: revision %d, %s", empty.Revision, sections(empty))
+	}
+
+	a := cptest.NewMachine(t, st, func(m *store.Machine) {
+		m.MACs = []string{"52:54:00:00:00:01", "52:54:00:00:00:02"}
+		m.BMC = &store.MachineBMC{Address: "10.0.0.5", Port: 6230, Username: "admin", Password: "pw", CipherSuite: 3}
+	})
+	cptest.NewMachine(t, st, func(m *store.Machine) { m.MACs = []string{"52:54:00:00:00:03"}; m.BootMode = "" })
+	st.SetSiteHTTPProxy(ctx, cptest.Site, &protocol.HTTPProxySection{Listen: "10.20.0.2:3128", Allow: []string{"images.example.test:443"}}, time.Now())
+
+	spec, err := specs.Spec(ctx, site)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if spec.Revision != 4 {
+		t.Errorf("revision %d after two machines and a proxy, want 4", spec.Revision)
+	}
+	var boot protocol.BootSection
+	json.Unmarshal(spec.Sections[protocol.SectionBoot], &boot)
+	if len(boot.Entries) != 2 || boot.Entries[0] != (protocol.BootEntry{MAC: "52:54:00:00:00:01", Mode: protocol.BootRamdisk, Machine: a.ID}) ||
+		boot.Entries[1].MAC != "52:54:00:00:00:02" {
+		t.Errorf("boot %+v (one entry per MAC of the machine with a boot mode)", boot)
+	}
+	var bmcs protocol.BMCHostsSection
+	json.Unmarshal(spec.Sections[protocol.SectionBMCHosts], &bmcs)
+	want := protocol.BMCHost{Machine: a.ID, Address: "10.0.0.5", Port: 6230, Username: "admin", Password: "pw", CipherSuite: 3}
+	if len(bmcs.Hosts) != 1 || bmcs.Hosts[0] != want || bmcs.Validate() != nil {
+		t.Errorf("bmc_hosts %+v", bmcs)
+	}
+	var proxy protocol.HTTPProxySection
+	json.Unmarshal(spec.Sections[protocol.SectionHTTPProxy], &proxy)
+	if proxy.Listen != "10.20.0.2:3128" || strings.Join(proxy.Allow, ",") != "images.example.test:443,gw.example.test:443" {
+		t.Errorf("http_proxy %+v", proxy)
+	}
+
+	// Other sites' machines and other roles get nothing of this.
+	node, _ := specs.Spec(ctx, store.Node{ID: "n_a", Role: protocol.RoleNode, Site: cptest.Site, SpecRevision: 7})
+	if node.Revision != 7 || len(node.Sections) != 0 {
+		t.Errorf("node's spec %+v", node)
+	}
+	st.CreateSite(ctx, store.Site{Name: "ams1", CreatedAt: time.Now()})
+	other, _ := specs.Spec(ctx, store.Node{ID: "n_s2", Role: protocol.RoleSite, Site: "ams1"})
+	if string(other.Sections[protocol.SectionBoot]) != `{"entries":[]}` {
+		t.Errorf("another site sees %s", sections(other))
+	}
+}
+
+func sections(s *protocol.Spec) string {
+	b, _ := json.Marshal(s.Sections)
+	return string(b)
+}
+
+func TestGatewayHostPort(t *testing.T) {
+	for in, want := range map[string]string{
+		"https://gw.example.test":        "gw.example.test:443",
+		"https://gw.example.test:8444/x": "gw.example.test:8444",
+		"https://[2001:db8::1]:9443":     "[2001:db8::1]:9443",
+		"https://127.0.0.1:8444":         "127.0.0.1:8444",
+	} {
+		if got, err := GatewayHostPort(in); err != nil || got != want {
+			t.Errorf("GatewayHostPort(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+}
+
+func TestInstallFiles(t *testing.T) {
+	b := cptest.NewBundle(t)
+	in := Install{GatewayURL: "https://gw.example.test:8444", GatewayServerName: "gw.internal.test", Site: "fsn1",
+		Pins: b.Public.Pins(), EncryptionJWK: b.Public.JoinEncryptionJWK, Token: "bcjt_secret", NodeID: "n_01abc"}
+	files, err := InstallFiles(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byPath := map[string]protocol.DeployFile{}
+	for _, f := range files {
+		if f.Mode != 0o600 || f.UID != 0 || f.GID != 0 || f.FS != protocol.FSRoot {
+			t.Errorf("%s: mode %o uid %d gid %d fs %s", f.Path, f.Mode, f.UID, f.GID, f.FS)
+		}
+		byPath[f.Path] = f
+	}
+	c, err := config.Parse(byPath["/etc/bcd/config.toml"].Content, config.ParseOptions{})
+	if err != nil {
+		t.Fatalf("config.toml does not parse: %v", err)
+	}
+	if c.GatewayURL != in.GatewayURL || c.GatewayServerName != in.GatewayServerName || c.Site != "fsn1" ||
+		c.ServingCASPKIPin != in.Pins.ServingCA || c.JoinSigningKeyPin != in.Pins.JoinSigning || c.JoinEncryptionKeyPin != in.Pins.JoinEncryption {
+		t.Errorf("config %+v", c)
+	}
+	if got := string(byPath["/etc/bcd/join-token"].Content); got != "bcjt_secret\n" {
+		t.Errorf("join-token %q", got)
+	}
+	if got := string(byPath["/etc/bcd/node-id"].Content); got != "n_01abc\n" {
+		t.Errorf("node-id %q", got)
+	}
+	if got := strings.TrimSpace(string(byPath["/etc/bcd/join-encryption.jwk"].Content)); got != strings.TrimSpace(string(b.Public.JoinEncryptionJWK)) {
+		t.Errorf("jwk %q", got)
+	}
+	// Printing the files never prints the token.
+	if s := fmt.Sprintf("%v %+v", files, files); strings.Contains(s, "bcjt_secret") {
+		t.Errorf("%%v of the files shows the token: %s", s)
+	}
+	for name, mut := range map[string]func(*Install){
+		"no token":     func(i *Install) { i.Token = "" },
+		"bad node id":  func(i *Install) { i.NodeID = "N 1" },
+		"http gateway": func(i *Install) { i.GatewayURL = "http://gw.example.test" },
+		"wrong jwk":    func(i *Install) { i.EncryptionJWK = cptest.NewBundle(t).Public.JoinEncryptionJWK },
+	} {
+		bad := in
+		mut(&bad)
+		if _, err := InstallFiles(bad); err == nil {
+			t.Errorf("%s: accepted", name)
+		} else if strings.Contains(err.Error(), "bcjt_secret") {
+			t.Errorf("%s: the error quotes the token", name)
+		}
+	}
+}
+
+func TestEvents(t *testing.T) {
+	st := cptest.NewStore(t)
+	now := time.Now()
+	e := &Events{Store: st, Now: func() time.Time { return now }}
+	m := cptest.NewMachine(t, st, nil)
+	site := store.Node{ID: "n_site", Role: protocol.RoleSite, Site: cptest.Site}
+	event := func(kind string, v any) protocol.Event {
+		b, _ := json.Marshal(v)
+		return protocol.Event{Seq: 1, Kind: kind, Time: now, Message: "raw message", Data: b}
+	}
+
+	out, err := e.Event(ctx, site, event(protocol.EventMachineBooted, protocol.MachineBooted{MAC: "52:54:00:12:34:56", Stage: "script", File: "/ipxe/x.ipxe", IP: "10.20.0.50", Time: now}))
+	if err != nil || out.Message != "raw message" {
+		t.Fatalf("booted: %+v %v", out, err)
+	}
+	got, _ := st.GetMachine(ctx, m.ID)
+	if got.LastBootStage != "script" || got.LastBootAt.UnixMilli() != now.UnixMilli() {
+		t.Errorf("last boot %q %v", got.LastBootStage, got.LastBootAt)
+	}
+	// Unknown MACs, other roles and junk are stored as they are and
+	// change nothing.
+	for _, ev := range []protocol.Event{
+		event(protocol.EventMachineBooted, protocol.MachineBooted{MAC: "52:54:00:99:99:99", Stage: "dhcp"}),
+		event(protocol.EventMachineBooted, protocol.MachineBooted{MAC: "52:54:00:12:34:56", Stage: "Not a Stage"}),
+		{Kind: protocol.EventMachineBooted, Data: []byte(`[1,2]`)},
+	} {
+		if _, err := e.Event(ctx, site, ev); err != nil {
+			t.Errorf("%s: %v", ev.Data, err)
+		}
+	}
+	e.Event(ctx, store.Node{ID: "n_x", Role: protocol.RoleNode, Site: cptest.Site}, event(protocol.EventMachineBooted, protocol.MachineBooted{MAC: "52:54:00:12:34:56", Stage: "dhcp", Time: now.Add(time.Hour)}))
+	if got, _ := st.GetMachine(ctx, m.ID); got.LastBootStage != "script" {
+		t.Errorf("a node of role node moved the last boot to %q", got.LastBootStage)
+	}
+
+	nonce := "0123456789abcdef0123456789abcdef"
+	out, err = e.Event(ctx, site, event(protocol.EventBootNonce, protocol.BootNonce{MAC: "52-54-00-12-34-56", Nonce: nonce, ExpiresAt: now.Add(10 * time.Minute)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256([]byte(nonce))
+	if strings.Contains(string(out.Data)+out.Message, nonce) || !strings.Contains(string(out.Data), hex.EncodeToString(sum[:])) {
+		t.Errorf("stored boot.nonce %s %q: want the hash, never the nonce", out.Data, out.Message)
+	}
+	n, err := st.GetBootNonce(ctx, sum)
+	if err != nil || n.MAC != "52:54:00:12:34:56" || n.Site != cptest.Site || n.MachineID != m.ID || n.SiteNode != "n_site" {
+		t.Errorf("nonce %+v %v", n, err)
+	}
+	for name, b := range map[string]protocol.BootNonce{
+		"too far ahead": {MAC: cptest.MAC, Nonce: "far-far-far-far-far-far", ExpiresAt: now.Add(62 * time.Minute)},
+		"expired":       {MAC: cptest.MAC, Nonce: "old-old-old-old-old-old", ExpiresAt: now.Add(-time.Second)},
+		"bad MAC":       {MAC: "nope", Nonce: "mac-mac-mac-mac-mac-mac", ExpiresAt: now.Add(time.Minute)},
+		"short nonce":   {MAC: cptest.MAC, Nonce: "short", ExpiresAt: now.Add(time.Minute)},
+	} {
+		out, err := e.Event(ctx, site, event(protocol.EventBootNonce, b))
+		if err != nil || strings.Contains(string(out.Data)+out.Message, b.Nonce) || !strings.HasPrefix(out.Message, "refused") {
+			t.Errorf("%s: %+v %v", name, out, err)
+		}
+		if _, err := st.GetBootNonce(ctx, sha256.Sum256([]byte(b.Nonce))); err == nil {
+			t.Errorf("%s: stored", name)
+		}
+	}
+	// An hour ahead, give or take the allowed skew, is fine.
+	if _, err := e.Event(ctx, site, event(protocol.EventBootNonce, protocol.BootNonce{MAC: cptest.MAC, Nonce: "hour-hour-hour-hour-hour", ExpiresAt: now.Add(time.Hour + 30*time.Second)})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.GetBootNonce(ctx, sha256.Sum256([]byte("hour-hour-hour-hour-hour"))); err != nil {
+		t.Errorf("an hour's nonce: %v", err)
+	}
+	evs, _ := st.MachineEvents(ctx, m.ID, 0)
+	var kinds []string
+	for _, ev := range evs {
+		kinds = append(kinds, ev.Kind)
+		if strings.Contains(string(ev.Data)+ev.Message, nonce) {
+			t.Errorf("the timeline carries the nonce: %+v", ev)
+		}
+	}
+	if strings.Join(kinds, ",") != "machine.added,machine.booted,boot.nonce,boot.nonce" {
+		t.Errorf("timeline %v", kinds)
+	}
+}
+
+// FuzzEvents feeds a site agent's event data, which the control plane
+// parses, to Events: it must never fail the session on junk, and a stored
+// boot.nonce event never carries what the agent sent.
+func FuzzEvents(f *testing.F) {
+	st := cptest.NewStore(f)
+	cptest.NewMachine(f, st, nil)
+	e := &Events{Store: st}
+	site := store.Node{ID: "n_site", Role: protocol.RoleSite, Site: cptest.Site}
+	for _, seed := range []struct{ kind, data string }{
+		{protocol.EventMachineBooted, `{"mac":"52:54:00:12:34:56","stage":"dhcp","arch":7,"time":"2026-01-01T00:00:00Z"}`},
+		{protocol.EventBootNonce, `{"mac":"52:54:00:12:34:56","nonce":"0123456789abcdef0123","expires_at":"2099-01-01T00:00:00Z"}`},
+		{protocol.EventBootNonce, `{"mac":1}`},
+		{protocol.EventMachineBooted, `null`},
+		{"log", `"x"`},
+	} {
+		f.Add(seed.kind, []byte(seed.data))
+	}
+	f.Fuzz(func(t *testing.T, kind string, data []byte) {
+		ev := protocol.Event{Kind: kind, Time: time.Now(), Message: "m", Data: data}
+		out, err := e.Event(ctx, site, ev)
+		if err != nil {
+			t.Fatalf("Event: %v", err)
+		}
+		if kind == protocol.EventBootNonce && len(data) > 8 && strings.Contains(string(out.Data)+out.Message, string(data)) {
+			t.Fatalf("the stored boot.nonce carries the agent's data")
+		}
+	})
+}
+
+func FuzzNormalizeMAC(f *testing.F) {
+	for _, s := range []string{"52:54:00:12:34:56", "52-54-00-AB-CD-EF", "5254.00ab.cdef", "", "::::::"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		m, err := NormalizeMAC(s)
+		if err != nil {
+			return
+		}
+		if len(m) != 17 || strings.ToLower(m) != m {
+			t.Fatalf("%q normalised to %q", s, m)
+		}
+		if again, err := NormalizeMAC(m); err != nil || again != m {
+			t.Fatalf("%q is not stable: %q %v", m, again, err)
+		}
+	})
+}

@@ -1,0 +1,175 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/better-compute/bcd/controlplane/token"
+)
+
+// MachineRegistered is the state of a machine that was added and nothing
+// has happened to yet. The lifecycle's other states come with the state
+// machine that drives them.
+const MachineRegistered = "registered"
+
+// Machine is a bare-metal server the control plane knows by its MACs.
+type Machine struct {
+	ID string `json:"id"`
+	// Name is optional and unique within the site.
+	Name string `json:"name,omitempty"`
+	Site string `json:"site"`
+	// MACs are lowercase and colon-separated, each unique across machines.
+	MACs []string `json:"macs"`
+	// BootMode is protocol.BootRamdisk, protocol.BootLocal or "" (the site
+	// does not answer the machine's PXE requests).
+	BootMode string `json:"boot_mode,omitempty"`
+	// BMC is nil for a machine without one.
+	BMC            *MachineBMC `json:"bmc,omitempty"`
+	State          string      `json:"state"`
+	StateReason    string      `json:"state_reason,omitempty"`
+	StateChangedAt time.Time   `json:"state_changed_at"`
+	// RamdiskNode is the node its ramdisk joined as on its latest boot.
+	RamdiskNode string `json:"ramdisk_node,omitempty"`
+	// Node is the node its installed OS joined as.
+	Node string `json:"node,omitempty"`
+	// Inventory is the latest hardware report: the claims of its ramdisk's
+	// join, or the result of an inventory command.
+	Inventory   json.RawMessage `json:"inventory,omitempty"`
+	InventoryAt time.Time       `json:"inventory_at,omitzero"`
+	// Approved lets its ramdisk join in a site with manual approval.
+	Approved bool `json:"approved"`
+	// LastBoot is the latest machine.booted step a site agent reported.
+	LastBootStage string    `json:"last_boot_stage,omitempty"`
+	LastBootAt    time.Time `json:"last_boot_at,omitzero"`
+	CreatedAt     time.Time `json:"created_at"`
+	UpdatedAt     time.Time `json:"updated_at"`
+}
+
+// MachineBMC is a machine's BMC. The password is never encoded: nothing
+// that prints a Machine as JSON can leak it.
+type MachineBMC struct {
+	Address     string `json:"address"`
+	Port        int    `json:"port,omitempty"`
+	Username    string `json:"username"`
+	Password    string `json:"-"`
+	CipherSuite int    `json:"cipher_suite,omitempty"`
+}
+
+// Kinds of machine events the store writes itself; the rest come from the
+// callers (api, gateway, JoinService).
+const (
+	MachineEventCommand       = "command"        // a command about the machine was enqueued
+	MachineEventCommandStatus = "command.status" // an agent reported on it
+	MachineEventJoin          = "join"           // a node joined for the machine
+)
+
+// MachineEvent is one entry of a machine's timeline.
+type MachineEvent struct {
+	ID        int64           `json:"id"`
+	MachineID string          `json:"machine_id"`
+	Time      time.Time       `json:"time"`
+	Kind      string          `json:"kind"`
+	Message   string          `json:"message,omitempty"`
+	NodeID    string          `json:"node_id,omitempty"`
+	CommandID string          `json:"command_id,omitempty"`
+	Data      json.RawMessage `json:"data,omitempty"`
+}
+
+// MachineUpdate is a change to a machine; nil fields stay as they are.
+type MachineUpdate struct {
+	BootMode *string
+	// SetBMC replaces the BMC with BMC (nil removes it).
+	SetBMC  bool
+	BMC     *MachineBMC
+	Approve bool
+	// Event goes on the machine's timeline with the change.
+	Event MachineEvent
+	At    time.Time
+}
+
+// ConflictError says which MAC or name of a new machine is taken, and by
+// which machine. It wraps ErrMACTaken or ErrNameTaken.
+type ConflictError struct {
+	// Value is the MAC or the name.
+	Value string
+	// Machine holds it; "" for a MAC given twice.
+	Machine string
+	Err     error
+}
+
+func (e *ConflictError) Error() string {
+	switch {
+	case e.Machine == "":
+		return e.Value + " is given twice"
+	case errors.Is(e.Err, ErrNameTaken):
+		return "the site already has a machine named " + e.Value + " (" + e.Machine + ")"
+	}
+	return e.Value + " belongs to machine " + e.Machine
+}
+
+func (e *ConflictError) Unwrap() error { return e.Err }
+
+// Machines holds machines and their timelines.
+type Machines interface {
+	// CreateMachine fails with ErrNotFound for a missing site, ErrMACTaken
+	// or ErrNameTaken (wrapped with the MAC or name at fault). It moves the
+	// site's spec revision on.
+	CreateMachine(ctx context.Context, m Machine) error
+	GetMachine(ctx context.Context, id string) (Machine, error)
+	FindMachineByMAC(ctx context.Context, mac string) (Machine, error)
+	// FindMachinesByName returns the machines of that name in every site.
+	FindMachinesByName(ctx context.Context, name string) ([]Machine, error)
+	// ListMachines lists a site's machines ("": every site's), oldest first.
+	ListMachines(ctx context.Context, site string) ([]Machine, error)
+	// UpdateMachine applies u and returns the machine; a change of boot
+	// mode or BMC moves the site's spec revision on.
+	UpdateMachine(ctx context.Context, id string, u MachineUpdate) (Machine, error)
+	// DeleteMachine removes a machine, its MACs and its timeline, and moves
+	// the site's spec revision on.
+	DeleteMachine(ctx context.Context, id string) error
+	// RecordBoot attaches a boot step a site agent of site reported for mac
+	// to the machine with that MAC in that site, and puts ev on its
+	// timeline. It returns the machine's id, or ErrNotFound when no machine
+	// of the site has the MAC.
+	RecordBoot(ctx context.Context, site, mac, stage string, ev MachineEvent) (string, error)
+	AddMachineEvent(ctx context.Context, e MachineEvent) error
+	// MachineEvents returns the latest limit events of a machine, oldest
+	// first.
+	MachineEvents(ctx context.Context, machineID string, limit int) ([]MachineEvent, error)
+}
+
+// BootNonce is a nonce a site agent minted for a MAC and put on the
+// machine's ramdisk command line. Only its hash is kept.
+type BootNonce struct {
+	Hash token.Hash `json:"-"`
+	MAC  string     `json:"mac"`
+	Site string     `json:"site"`
+	// SiteNode is the site agent that reported it.
+	SiteNode string `json:"site_node"`
+	// MachineID is the machine that had the MAC when the nonce arrived, ""
+	// for none.
+	MachineID string    `json:"machine_id,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	ExpiresAt time.Time `json:"expires_at"`
+	// CSRSHA256 is the CSR of the first join that presented the nonce and
+	// was deferred for approval: only that join may use it afterwards.
+	CSRSHA256  string    `json:"csr_sha256,omitempty"`
+	DeferredAt time.Time `json:"deferred_at,omitzero"`
+	UsedAt     time.Time `json:"used_at,omitzero"`
+	UsedBy     string    `json:"used_by,omitempty"`
+}
+
+// BootNonces holds boot nonces.
+type BootNonces interface {
+	// AddBootNonce stores a nonce; the same hash again changes nothing and
+	// reports false (a replayed event). Nonces that expired a day ago go.
+	AddBootNonce(ctx context.Context, n BootNonce) (bool, error)
+	GetBootNonce(ctx context.Context, h token.Hash) (BootNonce, error)
+	// DeferBootNonce binds an unused nonce to the CSR of a join that waits
+	// for approval. It reports whether this was the first deferral, and
+	// fails with ErrNonceClaimed when another CSR holds the nonce and
+	// ErrNonceUsed when it was consumed.
+	DeferBootNonce(ctx context.Context, h token.Hash, csrSHA256 string, at time.Time) (bool, error)
+}

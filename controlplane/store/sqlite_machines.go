@@ -1,0 +1,399 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/better-compute/bcd/controlplane/token"
+)
+
+const machineColumns = `id, name, site, boot_mode, bmc_address, bmc_port, bmc_username, bmc_password, bmc_cipher_suite,
+	state, state_reason, state_changed_at, ramdisk_node, node, inventory, inventory_at, approved, last_boot_stage,
+	last_boot_at, created_at, updated_at,
+	(SELECT group_concat(mac, ',' ORDER BY rowid) FROM machine_macs WHERE machine_id = machines.id)`
+
+func scanMachine(sc interface{ Scan(...any) error }) (Machine, error) {
+	var m Machine
+	var name, inventory, macs sql.NullString
+	var bmc MachineBMC
+	var stateChanged, inventoryAt, lastBoot, created, updated sql.NullInt64
+	if err := sc.Scan(&m.ID, &name, &m.Site, &m.BootMode, &bmc.Address, &bmc.Port, &bmc.Username, &bmc.Password, &bmc.CipherSuite,
+		&m.State, &m.StateReason, &stateChanged, &m.RamdiskNode, &m.Node, &inventory, &inventoryAt, &m.Approved,
+		&m.LastBootStage, &lastBoot, &created, &updated, &macs); err != nil {
+		return Machine{}, err
+	}
+	m.Name = name.String
+	if bmc.Address != "" {
+		m.BMC = &bmc
+	}
+	if inventory.Valid {
+		m.Inventory = []byte(inventory.String)
+	}
+	if macs.String != "" {
+		m.MACs = strings.Split(macs.String, ",")
+	}
+	m.StateChangedAt, m.InventoryAt, m.LastBootAt = fromMS(stateChanged), fromMS(inventoryAt), fromMS(lastBoot)
+	m.CreatedAt, m.UpdatedAt = fromMS(created), fromMS(updated)
+	return m, nil
+}
+
+func nullString(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+func bmcColumns(b *MachineBMC) []any {
+	if b == nil {
+		return []any{"", 0, "", "", 0}
+	}
+	return []any{b.Address, b.Port, b.Username, b.Password, b.CipherSuite}
+}
+
+func (s *sqliteStore) CreateMachine(ctx context.Context, m Machine) error {
+	return wrap("create machine "+m.ID, s.tx(ctx, func(tx *sql.Tx) error {
+		if m.Name != "" {
+			var other string
+			err := tx.QueryRowContext(ctx, `SELECT id FROM machines WHERE site = ? AND name = ?`, m.Site, m.Name).Scan(&other)
+			if err == nil {
+				return &ConflictError{Value: m.Name, Machine: other, Err: ErrNameTaken}
+			}
+			if !errors.Is(err, sql.ErrNoRows) {
+				return err
+			}
+		}
+		args := append([]any{m.ID, nullString(m.Name), m.Site, m.BootMode}, bmcColumns(m.BMC)...)
+		args = append(args, m.State, m.StateReason, ms(m.StateChangedAt), m.Approved, ms(m.CreatedAt), ms(m.UpdatedAt))
+		_, err := tx.ExecContext(ctx, `INSERT INTO machines (id, name, site, boot_mode, bmc_address, bmc_port, bmc_username,
+			bmc_password, bmc_cipher_suite, state, state_reason, state_changed_at, approved, created_at, updated_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, args...)
+		switch {
+		case isForeignKey(err):
+			return fmt.Errorf("site %q: %w", m.Site, ErrNotFound)
+		case isConstraint(err):
+			return fmt.Errorf("machine %s: %w", m.ID, ErrExists)
+		case err != nil:
+			return err
+		}
+		for _, mac := range m.MACs {
+			var other string
+			err := tx.QueryRowContext(ctx, `SELECT machine_id FROM machine_macs WHERE mac = ?`, mac).Scan(&other)
+			if err == nil {
+				return &ConflictError{Value: mac, Machine: other, Err: ErrMACTaken}
+			}
+			if !errors.Is(err, sql.ErrNoRows) {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT INTO machine_macs (mac, machine_id) VALUES (?, ?)`, mac, m.ID); err != nil {
+				if isConstraint(err) {
+					return &ConflictError{Value: mac, Err: ErrMACTaken}
+				}
+				return err
+			}
+		}
+		if err := bumpSpec(ctx, tx, m.Site, m.CreatedAt); err != nil {
+			return err
+		}
+		return addMachineEvent(ctx, tx, MachineEvent{MachineID: m.ID, Time: m.CreatedAt, Kind: "machine.added",
+			Message: "added to site " + m.Site + " with " + strings.Join(m.MACs, ", ")})
+	}))
+}
+
+func (s *sqliteStore) GetMachine(ctx context.Context, id string) (Machine, error) {
+	m, err := scanMachine(s.r.QueryRowContext(ctx, `SELECT `+machineColumns+` FROM machines WHERE id = ?`, id))
+	return m, wrap("machine "+id, err)
+}
+
+func (s *sqliteStore) FindMachineByMAC(ctx context.Context, mac string) (Machine, error) {
+	m, err := scanMachine(s.r.QueryRowContext(ctx, `SELECT `+machineColumns+` FROM machines
+		WHERE id = (SELECT machine_id FROM machine_macs WHERE mac = ?)`, mac))
+	return m, wrap("machine with MAC "+mac, err)
+}
+
+func (s *sqliteStore) queryMachines(ctx context.Context, op, where string, args ...any) ([]Machine, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT `+machineColumns+` FROM machines `+where+` ORDER BY created_at, id`, args...)
+	if err != nil {
+		return nil, wrap(op, err)
+	}
+	defer rows.Close()
+	var out []Machine
+	for rows.Next() {
+		m, err := scanMachine(rows)
+		if err != nil {
+			return nil, wrap(op, err)
+		}
+		out = append(out, m)
+	}
+	return out, wrap(op, rows.Err())
+}
+
+func (s *sqliteStore) FindMachinesByName(ctx context.Context, name string) ([]Machine, error) {
+	return s.queryMachines(ctx, "machines named "+name, `WHERE name = ?`, name)
+}
+
+func (s *sqliteStore) ListMachines(ctx context.Context, site string) ([]Machine, error) {
+	if site == "" {
+		return s.queryMachines(ctx, "list machines", "")
+	}
+	return s.queryMachines(ctx, "list machines of "+site, `WHERE site = ?`, site)
+}
+
+func (s *sqliteStore) UpdateMachine(ctx context.Context, id string, u MachineUpdate) (Machine, error) {
+	var m Machine
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		var err error
+		if m, err = scanMachine(tx.QueryRowContext(ctx, `SELECT `+machineColumns+` FROM machines WHERE id = ?`, id)); err != nil {
+			return err
+		}
+		spec := false
+		if u.BootMode != nil && *u.BootMode != m.BootMode {
+			if _, err := tx.ExecContext(ctx, `UPDATE machines SET boot_mode = ? WHERE id = ?`, *u.BootMode, id); err != nil {
+				return err
+			}
+			spec = true
+		}
+		if u.SetBMC {
+			args := append(bmcColumns(u.BMC), id)
+			if _, err := tx.ExecContext(ctx, `UPDATE machines SET bmc_address = ?, bmc_port = ?, bmc_username = ?,
+				bmc_password = ?, bmc_cipher_suite = ? WHERE id = ?`, args...); err != nil {
+				return err
+			}
+			spec = true
+		}
+		if u.Approve {
+			if _, err := tx.ExecContext(ctx, `UPDATE machines SET approved = 1 WHERE id = ?`, id); err != nil {
+				return err
+			}
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE machines SET updated_at = ? WHERE id = ?`, ms(u.At), id); err != nil {
+			return err
+		}
+		if spec {
+			if err := bumpSpec(ctx, tx, m.Site, u.At); err != nil {
+				return err
+			}
+		}
+		if u.Event.Kind != "" {
+			ev := u.Event
+			ev.MachineID = id
+			if ev.Time.IsZero() {
+				ev.Time = u.At
+			}
+			if err := addMachineEvent(ctx, tx, ev); err != nil {
+				return err
+			}
+		}
+		m, err = scanMachine(tx.QueryRowContext(ctx, `SELECT `+machineColumns+` FROM machines WHERE id = ?`, id))
+		return err
+	})
+	return m, wrap("update machine "+id, err)
+}
+
+func (s *sqliteStore) DeleteMachine(ctx context.Context, id string) error {
+	return wrap("delete machine "+id, s.tx(ctx, func(tx *sql.Tx) error {
+		var site string
+		if err := tx.QueryRowContext(ctx, `SELECT site FROM machines WHERE id = ?`, id).Scan(&site); err != nil {
+			return err
+		}
+		for _, q := range []string{
+			`DELETE FROM machine_macs WHERE machine_id = ?`,
+			`DELETE FROM machine_events WHERE machine_id = ?`,
+			`DELETE FROM machines WHERE id = ?`,
+		} {
+			if _, err := tx.ExecContext(ctx, q, id); err != nil {
+				return err
+			}
+		}
+		return bumpSpec(ctx, tx, site, time.Now())
+	}))
+}
+
+func (s *sqliteStore) RecordBoot(ctx context.Context, site, mac, stage string, ev MachineEvent) (string, error) {
+	var id string
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		err := tx.QueryRowContext(ctx, `SELECT m.id FROM machines m JOIN machine_macs a ON a.machine_id = m.id
+			WHERE a.mac = ? AND m.site = ?`, mac, site).Scan(&id)
+		if err != nil {
+			return err
+		}
+		// A late replay of an older step does not move the last boot back.
+		if _, err := tx.ExecContext(ctx, `UPDATE machines SET last_boot_stage = ?, last_boot_at = ?
+			WHERE id = ? AND (last_boot_at IS NULL OR last_boot_at <= ?)`, stage, ms(ev.Time), id, ms(ev.Time)); err != nil {
+			return err
+		}
+		ev.MachineID = id
+		return addMachineEvent(ctx, tx, ev)
+	})
+	return id, wrap("record boot of "+mac, err)
+}
+
+func addMachineEvent(ctx context.Context, tx *sql.Tx, e MachineEvent) error {
+	_, err := tx.ExecContext(ctx, `INSERT INTO machine_events (machine_id, time, kind, message, node_id, command_id, data)
+		VALUES (?, ?, ?, ?, ?, ?, ?)`, e.MachineID, e.Time.UnixMilli(), e.Kind, e.Message, e.NodeID, e.CommandID, nullJSON(e.Data))
+	return err
+}
+
+func (s *sqliteStore) AddMachineEvent(ctx context.Context, e MachineEvent) error {
+	return wrap("add machine event", s.tx(ctx, func(tx *sql.Tx) error { return addMachineEvent(ctx, tx, e) }))
+}
+
+func (s *sqliteStore) MachineEvents(ctx context.Context, machineID string, limit int) ([]MachineEvent, error) {
+	if limit <= 0 {
+		limit = 1000
+	}
+	rows, err := s.r.QueryContext(ctx, `SELECT id, machine_id, time, kind, message, node_id, command_id, data FROM (
+		SELECT * FROM machine_events WHERE machine_id = ? ORDER BY id DESC LIMIT ?) ORDER BY id`, machineID, limit)
+	if err != nil {
+		return nil, wrap("machine events", err)
+	}
+	defer rows.Close()
+	var out []MachineEvent
+	for rows.Next() {
+		var e MachineEvent
+		var at int64
+		var data sql.NullString
+		if err := rows.Scan(&e.ID, &e.MachineID, &at, &e.Kind, &e.Message, &e.NodeID, &e.CommandID, &data); err != nil {
+			return nil, wrap("machine events", err)
+		}
+		e.Time = time.UnixMilli(at).UTC()
+		if data.Valid {
+			e.Data = []byte(data.String)
+		}
+		out = append(out, e)
+	}
+	return out, wrap("machine events", rows.Err())
+}
+
+// nonceKeep is how long an expired nonce is kept, for a join that presents
+// it late to be told it expired rather than that it is unknown.
+const nonceKeep = 24 * time.Hour
+
+const nonceColumns = `hash, mac, site, site_node, machine_id, created_at, expires_at, csr_sha256, deferred_at, used_at, used_by`
+
+func scanNonce(sc interface{ Scan(...any) error }) (BootNonce, error) {
+	var n BootNonce
+	var hash []byte
+	var created, expires, deferred, used sql.NullInt64
+	if err := sc.Scan(&hash, &n.MAC, &n.Site, &n.SiteNode, &n.MachineID, &created, &expires, &n.CSRSHA256, &deferred,
+		&used, &n.UsedBy); err != nil {
+		return BootNonce{}, err
+	}
+	if len(hash) != len(n.Hash) {
+		return BootNonce{}, fmt.Errorf("boot nonce hash is %d bytes, want %d", len(hash), len(n.Hash))
+	}
+	copy(n.Hash[:], hash)
+	n.CreatedAt, n.ExpiresAt, n.DeferredAt, n.UsedAt = fromMS(created), fromMS(expires), fromMS(deferred), fromMS(used)
+	return n, nil
+}
+
+func (s *sqliteStore) AddBootNonce(ctx context.Context, n BootNonce) (bool, error) {
+	added := false
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM boot_nonces WHERE expires_at < ?`, n.CreatedAt.Add(-nonceKeep).UnixMilli()); err != nil {
+			return err
+		}
+		res, err := tx.ExecContext(ctx, `INSERT INTO boot_nonces (hash, mac, site, site_node, machine_id, created_at, expires_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (hash) DO NOTHING`,
+			n.Hash[:], n.MAC, n.Site, n.SiteNode, n.MachineID, ms(n.CreatedAt), ms(n.ExpiresAt))
+		if err != nil {
+			return err
+		}
+		k, err := rowsAffected(res)
+		added = k == 1
+		return err
+	})
+	return added, wrap("add boot nonce", err)
+}
+
+func (s *sqliteStore) GetBootNonce(ctx context.Context, h token.Hash) (BootNonce, error) {
+	n, err := scanNonce(s.r.QueryRowContext(ctx, `SELECT `+nonceColumns+` FROM boot_nonces WHERE hash = ?`, h[:]))
+	return n, wrap("boot nonce", err)
+}
+
+func (s *sqliteStore) DeferBootNonce(ctx context.Context, h token.Hash, csrSHA256 string, at time.Time) (bool, error) {
+	first := false
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		n, err := scanNonce(tx.QueryRowContext(ctx, `SELECT `+nonceColumns+` FROM boot_nonces WHERE hash = ?`, h[:]))
+		switch {
+		case err != nil:
+			return err
+		case !n.UsedAt.IsZero():
+			return ErrNonceUsed
+		case n.CSRSHA256 == csrSHA256:
+			return nil
+		case n.CSRSHA256 != "":
+			return ErrNonceClaimed
+		}
+		first = true
+		_, err = tx.ExecContext(ctx, `UPDATE boot_nonces SET csr_sha256 = ?, deferred_at = ? WHERE hash = ?`, csrSHA256, ms(at), h[:])
+		return err
+	})
+	return first, wrap("defer boot nonce", err)
+}
+
+// consumeNonce marks a nonce used by nodeID, within tx.
+func consumeNonce(ctx context.Context, tx *sql.Tx, h token.Hash, nodeID string, now time.Time) error {
+	res, err := tx.ExecContext(ctx, `UPDATE boot_nonces SET used_at = ?, used_by = ? WHERE hash = ? AND used_at IS NULL`,
+		ms(now), nodeID, h[:])
+	if err != nil {
+		return err
+	}
+	if n, err := rowsAffected(res); err != nil || n == 1 {
+		return err
+	}
+	var one int
+	if err := tx.QueryRowContext(ctx, `SELECT 1 FROM boot_nonces WHERE hash = ?`, h[:]).Scan(&one); err != nil {
+		return err
+	}
+	return ErrNonceUsed
+}
+
+// bindMachine binds a joined node to its machine, within tx. A ramdisk
+// node becomes the machine's ramdisk (its claims the inventory); a machine
+// that is gone refuses it (ErrNoMachine). An installed OS's node becomes
+// the machine's node and retires the ramdisk that installed it; a machine
+// deleted meanwhile does not stop that join.
+func bindMachine(ctx context.Context, tx *sql.Tx, a Admission) error {
+	n := a.Node
+	var ramdisk string
+	err := tx.QueryRowContext(ctx, `SELECT ramdisk_node FROM machines WHERE id = ?`, a.Machine).Scan(&ramdisk)
+	switch {
+	case errors.Is(err, sql.ErrNoRows) && n.Role == "ramdisk":
+		return fmt.Errorf("machine %s: %w", a.Machine, ErrNoMachine)
+	case errors.Is(err, sql.ErrNoRows):
+		return nil
+	case err != nil:
+		return err
+	}
+	what := "ramdisk"
+	if n.Role == "ramdisk" {
+		set, args := `ramdisk_node = ?`, []any{n.ID}
+		if len(a.Inventory) > 0 {
+			set += `, inventory = ?, inventory_at = ?`
+			args = append(args, string(a.Inventory), ms(a.Now))
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE machines SET `+set+`, updated_at = ? WHERE id = ?`, append(args, ms(a.Now), a.Machine)...); err != nil {
+			return err
+		}
+	} else {
+		what = "installed OS"
+		if _, err := tx.ExecContext(ctx, `UPDATE machines SET node = ?, ramdisk_node = '', updated_at = ? WHERE id = ?`,
+			n.ID, ms(a.Now), a.Machine); err != nil {
+			return err
+		}
+		// The ramdisk that wrote the OS is gone once the OS runs.
+		if ramdisk != "" {
+			if err := deleteNode(ctx, tx, ramdisk, a.Now, "the machine's installed OS joined"); err != nil &&
+				!errors.Is(err, ErrNodeDeleted) && !errors.Is(err, sql.ErrNoRows) {
+				return err
+			}
+		}
+	}
+	return addMachineEvent(ctx, tx, MachineEvent{MachineID: a.Machine, Time: a.Now, Kind: MachineEventJoin,
+		Message: "the " + what + " joined as node " + n.ID, NodeID: n.ID})
+}
