@@ -8,6 +8,9 @@
 //	gateway    POST /v1/join and the /v1/session WebSockets
 //	machines   site agents' specs (boot, bmc_hosts, http_proxy), their
 //	           machine.booted and boot.nonce events, a deploy's files
+//	lifecycle  the machine lifecycle: the state machine from machines
+//	           deploy to provisioned or failed, run by a controller in
+//	           serve (timeouts: --lifecycle-timeouts)
 //	api        /.well-known/better-compute, downloads, the operator api
 //	downloads  the release binaries route
 //	client     the operator's api client (the CLI uses it)

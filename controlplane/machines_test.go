@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/better-compute/bcd/controlplane/api"
+	"github.com/better-compute/bcd/controlplane/client"
 	"github.com/better-compute/bcd/controlplane/cptest"
 	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/protocol"
@@ -128,14 +129,25 @@ func TestMachineFlow(t *testing.T) {
 		t.Errorf("power status: %+v %v", done, err)
 	}
 
-	// deploy.image reaches the ramdisk with the installed OS's files.
+	// A deploy with the ramdisk connected starts at ramdisk: the inventory,
+	// then deploy.image with the installed OS's files.
 	dep, err := op.Deploy(ctx, m.ID, api.DeployCreate{Image: protocol.DeployImage{URL: "https://images.example.test/os.raw", SHA256: strings.Repeat("0", 64), Size: 4096}})
 	if err != nil {
 		t.Fatal(err)
 	}
+	if dep.Machine.State != store.MachineRamdisk || dep.Deployment.Step != "inventory" {
+		t.Fatalf("deploy started %s %+v", dep.Machine.State, dep.Deployment)
+	}
+	ramdisk.Expect(protocol.FrameCommand, &c)
+	if c.Kind != protocol.KindInventory {
+		t.Fatalf("ramdisk got %+v first, want inventory", c)
+	}
+	ramdisk.Send(protocol.FrameStatus, protocol.Status{Seq: 1, CommandID: c.ID, State: protocol.StateSucceeded,
+		Result: json.RawMessage(`{"hostname":"ramdisk","cpus":8}`), Time: time.Now()})
+	ramdisk.Expect(protocol.FrameAck, nil)
 	ramdisk.Expect(protocol.FrameCommand, &c)
 	var p protocol.DeployImageParams
-	if err := json.Unmarshal(c.Params, &p); err != nil || c.Kind != protocol.KindDeployImage || c.ID != dep.Command.ID {
+	if err := json.Unmarshal(c.Params, &p); err != nil || c.Kind != protocol.KindDeployImage {
 		t.Fatalf("ramdisk got %+v %v", c, err)
 	}
 	files := map[string]string{}
@@ -144,17 +156,18 @@ func TestMachineFlow(t *testing.T) {
 	}
 	secret := strings.TrimSpace(files["/etc/bcd/join-token"])
 	nodeID := strings.TrimSpace(files["/etc/bcd/node-id"])
-	if nodeID != dep.NodeID || !strings.HasPrefix(secret, "bcjt_") || !strings.Contains(files["/etc/bcd/config.toml"], `site = "fsn1"`) ||
+	if got, _ := op.GetMachine(ctx, m.ID); got.CurrentDeployment == nil || nodeID != got.CurrentDeployment.NodeID || !strings.HasPrefix(secret, "bcjt_") || !strings.Contains(files["/etc/bcd/config.toml"], `site = "fsn1"`) ||
 		!strings.Contains(files["/etc/bcd/config.toml"], `gateway_url = "`+gw+`"`) {
 		t.Fatalf("files %v", files)
 	}
-	ramdisk.Send(protocol.FrameStatus, protocol.Status{Seq: 1, CommandID: c.ID, State: protocol.StateRunning,
+	ramdisk.Send(protocol.FrameStatus, protocol.Status{Seq: 2, CommandID: c.ID, State: protocol.StateRunning,
 		Progress: &protocol.Progress{Done: 2048, Total: 4096, Unit: "bytes"}, Time: time.Now()})
 	ramdisk.Expect(protocol.FrameAck, nil)
-	ramdisk.Send(protocol.FrameStatus, protocol.Status{Seq: 2, CommandID: c.ID, State: protocol.StateSucceeded,
+	ramdisk.Send(protocol.FrameStatus, protocol.Status{Seq: 3, CommandID: c.ID, State: protocol.StateSucceeded,
 		Result: json.RawMessage(`{"disk":"/dev/vda","bytes_written":4096,"bytes_received":4096,"sha256":"00","duration_ms":1,"after":"kexec"}`), Time: time.Now()})
 	ramdisk.Expect(protocol.FrameAck, nil)
 	ramdisk.Close()
+	waitMachine(t, op, m.ID, func(m api.MachineInfo) bool { return m.State == store.MachineInstalling })
 
 	// The installed OS joins with what the deploy wrote and becomes the
 	// machine's node; the ramdisk node is retired.
@@ -189,7 +202,8 @@ func TestMachineFlow(t *testing.T) {
 			t.Errorf("the timeline shows a secret: %+v", e)
 		}
 	}
-	want := "machine.added,machine.booted,boot.nonce,join,join.refused,command,command.status,command,command.status,command.status,join"
+	want := "machine.added,machine.booted,boot.nonce,join,join.refused,command,command.status," +
+		"state,command,command.status,state,command,command.status,command.status,state,deploy.done,join"
 	if strings.Join(kinds, ",") != want {
 		t.Errorf("timeline\n%s\nwant\n%s", strings.Join(kinds, ","), want)
 	}
@@ -229,6 +243,20 @@ func TestManualApprovalOverHTTP(t *testing.T) {
 	if res := rd.Verify(t, s.Bundle(), jr); res.Role != protocol.RoleRamdisk || res.Site != "fsn1" {
 		t.Errorf("result %+v", res)
 	}
+}
+
+// waitMachine polls the machine until ok says so, failing the test after 20 s.
+func waitMachine(t testing.TB, op *client.Client, id string, ok func(api.MachineInfo) bool) api.MachineInfo {
+	t.Helper()
+	var m api.MachineInfo
+	var err error
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if m, err = op.GetMachine(ctx, id); err == nil && ok(m) {
+			return m
+		}
+	}
+	t.Fatalf("machine %s: %s (%s), %v", id, m.State, m.StateReason, err)
+	return m
 }
 
 func nonceRecord(nonce, site string, now time.Time) store.BootNonce {

@@ -21,6 +21,7 @@ import (
 	"github.com/better-compute/bcd/controlplane/downloads"
 	"github.com/better-compute/bcd/controlplane/gateway"
 	"github.com/better-compute/bcd/controlplane/join"
+	"github.com/better-compute/bcd/controlplane/lifecycle"
 	"github.com/better-compute/bcd/controlplane/machines"
 	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/controlplane/token"
@@ -80,6 +81,13 @@ type Server struct {
 	// Gateway heartbeats; zero means the gateway's defaults.
 	PingInterval time.Duration
 	MissedPings  int
+	// LifecycleTimeouts bounds the machine lifecycle's steps, in
+	// lifecycle.ParseTimeouts' syntax ("ramdisk=10m,deploy=45m"); ""
+	// means $BETTER_COMPUTE_LIFECYCLE_TIMEOUTS, else the defaults.
+	LifecycleTimeouts string
+	// LifecycleTick is how often running deployments are looked at; 0
+	// means lifecycle.DefaultTick.
+	LifecycleTick time.Duration
 
 	bundle     *pki.Bundle
 	store      store.Store
@@ -91,6 +99,9 @@ type Server struct {
 	gatewayURL string
 	serveErr   chan error
 	stopOnce   sync.Once
+	lc         *lifecycle.Controller
+	lcStop     context.CancelFunc
+	lcDone     chan struct{}
 }
 
 func (s *Server) log() *slog.Logger {
@@ -148,6 +159,10 @@ func (s *Server) Start() (err error) {
 	}
 	if (s.TLSCertFile == "") != (s.TLSKeyFile == "") {
 		return errors.New("serve: give both --tls-cert and --tls-key, or neither")
+	}
+	timeouts, err := lifecycle.ParseTimeouts(firstOf(s.LifecycleTimeouts, os.Getenv(lifecycle.EnvTimeouts)))
+	if err != nil {
+		return fmt.Errorf("serve: --lifecycle-timeouts: %w", err)
 	}
 	if s.BasePath != "" && (!strings.HasPrefix(s.BasePath, "/") || strings.HasSuffix(s.BasePath, "/") || strings.ContainsAny(s.BasePath, "?#%{} ")) {
 		return fmt.Errorf("serve: --base-path %q: want /name (no trailing /)", s.BasePath)
@@ -237,6 +252,17 @@ func (s *Server) Start() (err error) {
 		MissedPings:  s.MissedPings,
 		Logger:       s.log().With("component", "gateway"),
 	}
+	s.lc = &lifecycle.Controller{
+		Store:    s.store,
+		Notifier: s.gw,
+		Install: &machines.Install{GatewayURL: s.gatewayURL, GatewayServerName: serverName, Pins: pub.Pins(),
+			EncryptionJWK: pub.JoinEncryptionJWK},
+		Timeouts: timeouts,
+		Tick:     s.LifecycleTick,
+		Logger:   s.log().With("component", "lifecycle"),
+	}
+	s.gw.Observer = s.lc
+	joinSvc.Bound = s.lc.Bound
 	joinSvc.Reclaimed = func(nodeID string) {
 		s.gw.Disconnect(nodeID, "the node joined again with a new certificate")
 	}
@@ -249,9 +275,8 @@ func (s *Server) Start() (err error) {
 		Downloads: dl,
 		BasePath:  s.BasePath,
 		Notifier:  s.gw,
-		Install: &api.InstallConfig{GatewayURL: s.gatewayURL, GatewayServerName: serverName,
-			Pins: pub.Pins(), EncryptionJWK: pub.JoinEncryptionJWK},
-		Logger: s.log().With("component", "api"),
+		Lifecycle: s.lc,
+		Logger:    s.log().With("component", "api"),
 	}
 	errLog := slog.NewLogLogger(s.log().Handler(), slog.LevelDebug)
 	s.apiSrv = &http.Server{
@@ -296,10 +321,17 @@ func (s *Server) Start() (err error) {
 			}
 		}()
 	}
+	lcCtx, lcStop := context.WithCancel(context.Background())
+	s.lcStop, s.lcDone = lcStop, make(chan struct{})
+	go func() {
+		defer close(s.lcDone)
+		s.lc.Run(lcCtx)
+	}()
 	fmt.Fprintf(s.out(), "api listening on %s\n", s.apiURL)
 	fmt.Fprintf(s.out(), "gateway listening on %s\n", s.GatewayAddrURL())
 	s.log().Info("control plane started", "api", s.apiURL, "gateway", s.GatewayAddrURL(), "gateway_url", s.gatewayURL,
-		"gateway_server_name", serverName, "trust_domain", pub.TrustDomain, "downloads", s.DownloadsDir != "")
+		"gateway_server_name", serverName, "trust_domain", pub.TrustDomain, "downloads", s.DownloadsDir != "",
+		"lifecycle_timeouts", timeouts.WithDefaults().String())
 	return nil
 }
 
@@ -308,6 +340,15 @@ func (s *Server) Start() (err error) {
 func (s *Server) Shutdown(ctx context.Context) error {
 	var err error
 	s.stopOnce.Do(func() {
+		// The lifecycle first: it writes the store, and a step cut short
+		// is taken up again by the next start.
+		if s.lcStop != nil {
+			s.lcStop()
+			select {
+			case <-s.lcDone:
+			case <-ctx.Done():
+			}
+		}
 		err = errors.Join(
 			s.apiSrv.Shutdown(ctx),
 			s.gwSrv.Shutdown(ctx),

@@ -30,12 +30,17 @@ func newMachinesCmd() *cobra.Command {
 		Long: `Machines are the bare-metal servers of a site, known by their MACs. A machine with a
 boot mode is in its site agents' boot table (ramdisk: PXE-boot the ramdisk; local: boot
 the disk); one with a BMC is in their BMC list, password included. M names a machine by
-its id (m_…), its name or one of its MACs.`,
+its id (m_…), its name or one of its MACs.
+
+machines deploy starts a machine's lifecycle, which the control plane runs:
+registered → pxe-booting → ramdisk → deploying → installing → provisioned, or failed with
+the reason. machines list shows where each machine is; machines events its timeline.`,
 	}
 	addAPIFlags(cmd, &af)
 	cmd.AddCommand(newMachinesAddCmd(&af), newMachinesListCmd(&af), newMachinesShowCmd(&af), newMachinesBootCmd(&af),
 		newMachinesApproveCmd(&af), newMachinesEventsCmd(&af), newMachinesDeleteCmd(&af), newMachinesSetBMCCmd(&af),
-		newMachinesPowerCmd(&af), newMachinesBootdevCmd(&af), newMachinesInventoryCmd(&af), newMachinesDeployCmd(&af))
+		newMachinesPowerCmd(&af), newMachinesBootdevCmd(&af), newMachinesInventoryCmd(&af), newMachinesDeployCmd(&af),
+		newMachinesCancelCmd(&af), newMachinesFirmwareCmd(&af))
 	return cmd
 }
 
@@ -115,8 +120,9 @@ func bmcPassword(file string) (*string, error) {
 func newMachinesAddCmd(af *apiFlags) *cobra.Command {
 	var in api.MachineCreate
 	var bmc bmcFlags
+	var efi bool
 	cmd := &cobra.Command{
-		Use:   "add --site S --mac M [--mac M2] [--name N] [--bmc-address A --bmc-user U [--bmc-password-file F]]",
+		Use:   "add --site S --mac M [--mac M2] [--name N] [--efi] [--bmc-address A --bmc-user U [--bmc-password-file F]]",
 		Short: "Register a machine by its MACs, with its BMC",
 		Long: `Register a machine of a site by its MACs (one or more, each unique across machines), with an
 optional name (unique in the site), boot mode and BMC. The BMC password comes from
@@ -126,6 +132,9 @@ control plane keeps it in its store and hands it only to the site's agents.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if in.Site == "" || len(in.MACs) == 0 {
 				return cli.Usagef("machines add: --site and at least one --mac are required")
+			}
+			if efi {
+				in.Firmware = "uefi"
 			}
 			if bmc.given() {
 				b, err := bmc.input()
@@ -154,15 +163,42 @@ control plane keeps it in its store and hands it only to the site's agents.`,
 	f.StringArrayVar(&in.MACs, "mac", nil, "a MAC address of the machine (repeat for each NIC)")
 	f.StringVar(&in.Name, "name", "", "a name, unique in the site")
 	f.StringVar(&in.BootMode, "boot", "", "boot mode: ramdisk or local (default: none, the site does not answer its PXE requests)")
+	f.BoolVar(&efi, "efi", false, "the machine boots UEFI: its BMC is told to PXE-boot it under EFI (default: legacy BIOS)")
 	bmc.add(cmd)
 	return cmd
+}
+
+func newMachinesFirmwareCmd(af *apiFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "firmware M bios|uefi",
+		Short: "Say whether the machine boots legacy BIOS or UEFI (how its BMC is told to PXE-boot it)",
+		Args:  cli.ExactArgs(2, "the machine and its firmware (bios or uefi)"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if args[1] != "bios" && args[1] != "uefi" {
+				return cli.Usagef("machines firmware: %q: want bios or uefi", args[1])
+			}
+			c, err := af.client()
+			if err != nil {
+				return err
+			}
+			m, err := c.SetFirmware(cmd.Context(), args[0], args[1])
+			if err != nil {
+				return fmt.Errorf("machines firmware: %w", err)
+			}
+			if af.json() {
+				return printJSON(cmd.OutOrStdout(), m)
+			}
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "machine %s: firmware %s\n", m.ID, m.Firmware)
+			return err
+		},
+	}
 }
 
 func newMachinesListCmd(af *apiFlags) *cobra.Command {
 	var site string
 	cmd := &cobra.Command{
 		Use:   "list [--site S]",
-		Short: "List machines with their last boot step and nodes",
+		Short: "List machines with their lifecycle state (and a failed one's reason), last boot step and nodes",
 		Args:  cli.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := af.client()
@@ -191,7 +227,11 @@ func newMachinesListCmd(af *apiFlags) *cobra.Command {
 				if m.LastBootStage != "" {
 					last = m.LastBootStage + " " + ago(m.LastBootAt, now)
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.ID, dash(m.Name), m.Site, mac, dash(m.BootMode), m.State,
+				state := m.State
+				if m.State == "failed" && m.StateReason != "" {
+					state += ": " + m.StateReason
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.ID, dash(m.Name), m.Site, mac, dash(m.BootMode), state,
 					last, connectedNode(m.RamdiskNode, m.RamdiskConnected), connectedNode(m.Node, m.NodeConnected))
 			}
 			return tw.Flush()
@@ -253,10 +293,22 @@ func newMachinesShowCmd(af *apiFlags) *cobra.Command {
 			if m.LastBootStage != "" {
 				last = m.LastBootStage + " at " + stamp(m.LastBootAt)
 			}
+			deployment := "-"
+			if d := m.CurrentDeployment; d != nil {
+				deployment = fmt.Sprintf("%s (%s), step %s, %d power cycles, %d deploy attempts", d.ID, d.Spec.Image.URL, d.Step,
+					d.BootAttempts, d.DeployAttempts)
+				if !d.Deadline.IsZero() && !d.Finished() {
+					deployment += ", step deadline " + stamp(d.Deadline)
+				}
+				if d.Finished() {
+					deployment += ", ended " + d.Outcome + " at " + stamp(d.FinishedAt)
+				}
+			}
 			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 			for _, kv := range [][2]string{
 				{"ID", m.ID}, {"NAME", dash(m.Name)}, {"SITE", m.Site}, {"MACS", strings.Join(m.MACs, ", ")},
-				{"BOOT", dash(m.BootMode)}, {"STATE", state + " since " + stamp(m.StateChangedAt)}, {"APPROVED", approval},
+				{"BOOT", dash(m.BootMode)}, {"FIRMWARE", dash(m.Firmware)}, {"STATE", state + " since " + stamp(m.StateChangedAt)},
+				{"DEPLOYMENT", deployment}, {"APPROVED", approval},
 				{"BMC", bmc}, {"LAST BOOT EVENT", last},
 				{"RAMDISK NODE", connectedNode(m.RamdiskNode, m.RamdiskConnected)}, {"NODE", connectedNode(m.Node, m.NodeConnected)},
 				{"CREATED", stamp(m.CreatedAt)}, {"UPDATED", stamp(m.UpdatedAt)}, {"INVENTORY", stamp(m.InventoryAt)},
@@ -343,7 +395,7 @@ func newMachinesEventsCmd(af *apiFlags) *cobra.Command {
 	var limit int
 	cmd := &cobra.Command{
 		Use:   "events M",
-		Short: "Show a machine's timeline: boot steps, nonces, joins, commands and their progress",
+		Short: "Show a machine's timeline: states, boot steps, nonces, joins, commands and their progress (-o json for scripts)",
 		Args:  cli.ExactArgs(1, "the machine (id, name or MAC)"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if limit < 0 || limit > 10000 {
@@ -392,6 +444,8 @@ func eventDetail(msg string, data json.RawMessage) string {
 	if d.Progress != nil {
 		p := d.Progress
 		switch {
+		case p.Unit == "bytes" && p.Total > 0 && p.Rate > 0:
+			msg += fmt.Sprintf(" (%s of %s, %d%%, %.1f MB/s)", size(p.Done), size(p.Total), p.Done*100/p.Total, p.Rate/1e6)
 		case p.Unit == "bytes" && p.Total > 0:
 			msg += fmt.Sprintf(" (%s of %s, %d%%)", size(p.Done), size(p.Total), p.Done*100/p.Total)
 		case p.Total > 0:

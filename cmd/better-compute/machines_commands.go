@@ -192,16 +192,24 @@ func newMachinesInventoryCmd(af *apiFlags) *cobra.Command {
 
 func newMachinesDeployCmd(af *apiFlags) *cobra.Command {
 	var in api.DeployCreate
+	var wait bool
+	var timeout time.Duration
 	cmd := &cobra.Command{
-		Use:   "deploy M --image URL --sha256 H --size N [--format F] [--image-size N] [--disk-serial S | --disk-path P]",
-		Short: "Write an image to the machine's disk from its ramdisk; prints the command id",
-		Long: `Send deploy.image to the machine's ramdisk (it must have joined and be connected): it
-streams the image, checks its SHA-256 and size, writes it to the disk, then writes into
-the installed root /etc/bcd/config.toml, /etc/bcd/join-encryption.jwk, /etc/bcd/join-token
-(a single-use token bound to a new node id, for pool --pool) and /etc/bcd/node-id, all
-0600 root, and kexecs the installed kernel (--after). The installed OS joins with
-bcd join --token-file /etc/bcd/join-token --node-id $(cat /etc/bcd/node-id) and becomes
-the machine's node. Follow it with better-compute machines events M.`,
+		Use:   "deploy M --image URL --sha256 H --size N [--format F] [--image-size N] [--disk-serial S | --disk-path P] [--wait]",
+		Short: "Install an image on the machine: PXE boot, ramdisk, deploy, installed OS; prints the deployment id",
+		Long: `Start a deployment of the machine, which the control plane runs as a state machine:
+pxe-booting (boot entry ramdisk, bmc.bootdev pxe and bmc.power cycle through a site agent,
+then the ramdisk's join), ramdisk (inventory), deploying (deploy.image streams the image,
+checks its SHA-256 and size, writes it, then writes /etc/bcd/config.toml,
+join-encryption.jwk, join-token and node-id into the installed root, 0600 root),
+installing (kexec, or reboot with --after reboot) and provisioned (the installed OS joined
+as its node and was welcomed; the boot entry flips to local). Each step has a timeout and
+bounded retries; a machine that runs out of them is failed with the reason, and can be
+deployed again. A machine whose ramdisk is already connected starts at ramdisk.
+
+It prints the deployment id and returns; with --wait it prints each state as the machine
+reaches it and exits 0 once provisioned, 1 when failed. Follow a deployment with
+better-compute machines list and better-compute machines events M.`,
 		Args: cli.ExactArgs(1, "the machine (id, name or MAC)"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if in.Image.URL == "" || in.Image.SHA256 == "" || in.Image.Size <= 0 {
@@ -211,9 +219,12 @@ the machine's node. Follow it with better-compute machines events M.`,
 				return cli.Usagef("machines deploy: give --disk-serial or --disk-path, not both")
 			}
 			switch in.After {
-			case protocol.AfterKexec, protocol.AfterReboot, protocol.AfterNone, protocol.AfterPowerOff:
+			case protocol.AfterKexec, protocol.AfterReboot:
 			default:
-				return cli.Usagef("machines deploy: --after %q: want kexec, reboot, poweroff or none", in.After)
+				return cli.Usagef("machines deploy: --after %q: want kexec or reboot", in.After)
+			}
+			if wait && timeout <= 0 {
+				return cli.Usagef("machines deploy: --timeout %v: want a positive duration", timeout)
 			}
 			in.Image.SHA256 = strings.ToLower(in.Image.SHA256)
 			c, err := af.client()
@@ -224,25 +235,108 @@ the machine's node. Follow it with better-compute machines events M.`,
 			if err != nil {
 				return fmt.Errorf("machines deploy: %w", err)
 			}
-			if af.json() {
-				return printJSON(cmd.OutOrStdout(), out)
+			m := out.Machine
+			if !wait {
+				if af.json() {
+					return printJSON(cmd.OutOrStdout(), out)
+				}
+				fmt.Fprintf(cmd.ErrOrStderr(), "machine %s: deployment %s started: %s (pool %s); follow it with better-compute machines events %s\n",
+					m.ID, out.Deployment.ID, stateLine(m.State, m.StateReason), out.Deployment.Spec.Pool, m.ID)
+				_, err = fmt.Fprintln(cmd.OutOrStdout(), out.Deployment.ID)
+				return err
 			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "deploy.image sent to ramdisk node %s of machine %s; the installed OS joins as node %s (pool %s, join token %s)\n",
-				out.Command.NodeID, out.Command.MachineID, out.NodeID, firstNonEmpty(in.Pool, api.DefaultPool), out.TokenID)
-			_, err = fmt.Fprintln(cmd.OutOrStdout(), out.Command.ID)
-			return err
+			return waitDeployment(cmd, af, c, m, out.Deployment.ID, timeout)
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&in.Image.URL, "image", "", "the image's https URL")
 	f.StringVar(&in.Image.SHA256, "sha256", "", "SHA-256 of the image as served (hex)")
 	f.Int64Var(&in.Image.Size, "size", 0, "the image's served length in bytes")
-	f.StringVar(&in.Image.Format, "format", "", "raw, raw.gz, raw.xz or raw.zst (default: from the image's first bytes)")
+	f.StringVar(&in.Image.Format, "format", "", "raw, raw.gz, raw.xz, raw.zst or qcow2 (default: from the image's first bytes)")
 	f.Int64Var(&in.Image.ImageSize, "image-size", 0, "the decompressed length (required for a compressed format)")
 	f.StringVar(&in.Target.Serial, "disk-serial", "", "write to the disk with this serial")
 	f.StringVar(&in.Target.Path, "disk-path", "", "write to this disk (/dev/…)")
-	f.StringVar(&in.After, "after", protocol.AfterKexec, "then: kexec, reboot, poweroff or none")
+	f.StringVar(&in.After, "after", protocol.AfterKexec, "once the disk is written: kexec or reboot")
 	f.StringVar(&in.Cmdline, "cmdline", "", "kernel command line for the kexec'd kernel")
 	f.StringVar(&in.Pool, "pool", api.DefaultPool, "pool the installed OS joins")
+	f.BoolVar(&wait, "wait", false, "wait until the machine is provisioned (exit 0) or failed (exit 1), printing each state")
+	f.DurationVar(&timeout, "timeout", time.Hour, "with --wait: how long to wait")
 	return cmd
+}
+
+// waitDeployment follows a deployment until it ends, printing each state the
+// machine reaches.
+func waitDeployment(cmd *cobra.Command, af *apiFlags, c *client.Client, m api.MachineInfo, deployment string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+	defer cancel()
+	errOut := cmd.ErrOrStderr()
+	last := ""
+	t := time.NewTicker(pollInterval)
+	defer t.Stop()
+	for {
+		if line := stateLine(m.State, m.StateReason); line != last {
+			fmt.Fprintf(errOut, "%s %s\n", stamp(m.StateChangedAt), line)
+			last = line
+		}
+		switch {
+		case m.Deployment != deployment:
+			return fmt.Errorf("machines deploy: machine %s now runs deployment %s, not %s", m.ID, dash(m.Deployment), deployment)
+		case m.State == store.MachineProvisioned:
+			if af.json() {
+				return printJSON(cmd.OutOrStdout(), m)
+			}
+			_, err := fmt.Fprintf(cmd.OutOrStdout(), "machine %s provisioned: node %s\n", m.ID, m.Node)
+			return err
+		case m.State == store.MachineFailed:
+			return fmt.Errorf("machines deploy: machine %s failed: %s (better-compute machines events %s)", m.ID, m.StateReason, m.ID)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("machines deploy: machine %s is still %s after %v (deployment %s goes on; better-compute machines events %s)",
+				m.ID, m.State, timeout, deployment, m.ID)
+		case <-t.C:
+		}
+		got, err := c.GetMachine(ctx, m.ID)
+		if err != nil {
+			if ctx.Err() != nil {
+				continue
+			}
+			return fmt.Errorf("machines deploy: %w", err)
+		}
+		m = got
+	}
+}
+
+// stateLine is a machine's state with its reason.
+func stateLine(state, reason string) string {
+	if reason == "" {
+		return state
+	}
+	return state + ": " + reason
+}
+
+func newMachinesCancelCmd(af *apiFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "cancel M",
+		Short: "Stop the machine's running deployment (the machine is failed: cancelled by operator)",
+		Long: `Stop the machine's running deployment: the lifecycle leaves it, the machine is failed with
+the reason "cancelled by operator", and the installed OS's unused join token is revoked. A
+command an agent already runs is not called back. Deploy it again with machines deploy.`,
+		Args: cli.ExactArgs(1, "the machine (id, name or MAC)"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := af.client()
+			if err != nil {
+				return err
+			}
+			m, err := c.CancelDeploy(cmd.Context(), args[0])
+			if err != nil {
+				return fmt.Errorf("machines cancel: %w", err)
+			}
+			if af.json() {
+				return printJSON(cmd.OutOrStdout(), m)
+			}
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "machine %s: deployment %s cancelled; %s\n", m.ID, m.Deployment, stateLine(m.State, m.StateReason))
+			return err
+		},
+	}
 }

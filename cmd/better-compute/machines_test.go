@@ -153,11 +153,11 @@ func TestMachinesCLI(t *testing.T) {
 	}
 	id := strings.Fields(out)[1]
 	t.Setenv(envBMCPassword, "from-env")
-	if code, out, errOut = runCLI(t, "", "machines", "add", "--site", "fsn1", "--mac", "52:54:00:00:00:99", "--bmc-address", "10.0.0.6", "--bmc-user", "root"); code != 0 {
+	if code, out, errOut = runCLI(t, "", "machines", "add", "--site", "fsn1", "--mac", "52:54:00:00:00:99", "--bmc-address", "10.0.0.6", "--bmc-user", "root", "--efi"); code != 0 {
 		t.Errorf("machines add with the password in the environment: %d %s", code, errOut)
 	}
 	t.Setenv(envBMCPassword, "")
-	if m, err := s.Store().FindMachineByMAC(context.Background(), "52:54:00:00:00:99"); err != nil || m.BMC == nil || m.BMC.Password != "from-env" {
+	if m, err := s.Store().FindMachineByMAC(context.Background(), "52:54:00:00:00:99"); err != nil || m.BMC == nil || m.BMC.Password != "from-env" || m.Firmware != "uefi" {
 		t.Errorf("environment password: %+v %v", m.BMC, err)
 	}
 	if code, _, errOut = runCLI(t, "", "machines", "add", "--site", "fsn1", "--mac", "52:54:00:12:34:56"); code != 1 || !strings.Contains(errOut, "ALREADY_EXISTS") || !strings.Contains(errOut, id) {
@@ -233,11 +233,65 @@ func TestMachinesCLI(t *testing.T) {
 	if code != 0 || strings.Count(out, "bmc.power") < 3 || !strings.Contains(out, "command.status") || !strings.Contains(out, "machine.boot_mode") {
 		t.Errorf("machines events: %d\n%s", code, out)
 	}
-	if code, _, errOut = runCLI(t, "", "machines", "deploy", "r1u1", "--image", "https://images.example.test/os.raw", "--sha256", strings.Repeat("a", 64), "--size", "4096"); code != 1 || !strings.Contains(errOut, "no ramdisk node") {
-		t.Errorf("deploy without a ramdisk: %d %s", code, errOut)
+
+	// machines deploy starts the lifecycle, which drives the BMC through the
+	// site agent: it answers FAILED, the bootdev is sent once more, then the
+	// machine is failed with the BMC's reason.
+	deploy := []string{"machines", "deploy", "r1u1", "--image", "https://images.example.test/os.raw", "--sha256", strings.Repeat("a", 64), "--size", "4096"}
+	code, out, errOut = runCLI(t, "", append(deploy, "--wait", "--timeout", "30s")...)
+	why := "bmc.bootdev pxe FAILED: BMCUnreachable: no answer from 10.0.0.5:623"
+	if code != 1 || !strings.Contains(errOut, "pxe-booting: deploying https://images.example.test/os.raw") ||
+		!strings.Contains(errOut, "machine "+id+" failed: "+why) {
+		t.Errorf("deploy --wait with a failing BMC: %d %s %s", code, out, errOut)
+	}
+	if code, out, _ = runCLI(t, "", "machines", "list"); code != 0 || !strings.Contains(out, "failed: "+why) {
+		t.Errorf("machines list after the failure: %d\n%s", code, out)
+	}
+	code, out, _ = runCLI(t, "", "machines", "events", "r1u1", "-o", "json")
+	var evs api.MachineEventList
+	if code != 0 || json.Unmarshal([]byte(out), &evs) != nil || evs.Machine != id {
+		t.Fatalf("machines events -o json: %d %s", code, out)
+	}
+	var states []string
+	for _, e := range evs.Events {
+		if e.Kind == "state" {
+			states = append(states, e.Message)
+		}
+	}
+	if len(states) != 2 || !strings.HasPrefix(states[0], "pxe-booting: ") || states[1] != "failed: "+why {
+		t.Errorf("states on the timeline: %q", states)
+	}
+	// A failed machine deploys again; a running deployment refuses another
+	// until it is cancelled.
+	site.setAnswer(func(c protocol.Command) protocol.Status { return protocol.Status{State: protocol.StateSucceeded} })
+	code, out, errOut = runCLI(t, "", deploy...)
+	if code != 0 || !regexp.MustCompile(`^dep_[0-9a-z]{26}\n$`).MatchString(out) || !strings.Contains(errOut, "pxe-booting") {
+		t.Errorf("deploy again: %d %q %s", code, out, errOut)
+	}
+	if code, _, errOut = runCLI(t, "", deploy...); code != 1 || !strings.Contains(errOut, "ALREADY_EXISTS") || !strings.Contains(errOut, "machines cancel") {
+		t.Errorf("deploy while deploying: %d %s", code, errOut)
+	}
+	if code, out, errOut = runCLI(t, "", "machines", "cancel", "r1u1"); code != 0 || !strings.Contains(out, "cancelled; failed: cancelled by operator") {
+		t.Errorf("cancel: %d %s %s", code, out, errOut)
+	}
+	if code, out, _ = runCLI(t, "", "machines", "show", "r1u1"); code != 0 || !strings.Contains(out, "failed: cancelled by operator") ||
+		!strings.Contains(out, "ended cancelled") || !strings.Contains(out, "FIRMWARE:") {
+		t.Errorf("show after cancel: %d\n%s", code, out)
+	}
+	if code, _, errOut = runCLI(t, "", "machines", "cancel", "r1u1"); code != 1 || !strings.Contains(errOut, "already ended") {
+		t.Errorf("cancel again: %d %s", code, errOut)
 	}
 	if code, _, _ = runCLI(t, "", "machines", "deploy", "r1u1", "--image", "https://x/os.raw"); code != 2 {
 		t.Errorf("deploy without --sha256: exit %d", code)
+	}
+	if code, _, _ = runCLI(t, "", append(deploy, "--after", "poweroff")...); code != 2 {
+		t.Errorf("deploy --after poweroff: exit %d", code)
+	}
+	if code, out, _ = runCLI(t, "", "machines", "firmware", "r1u1", "uefi"); code != 0 || out != "machine "+id+": firmware uefi\n" {
+		t.Errorf("firmware: %d %q", code, out)
+	}
+	if code, _, _ = runCLI(t, "", "machines", "firmware", "r1u1", "efi"); code != 2 {
+		t.Errorf("firmware efi: exit %d", code)
 	}
 	if code, out, _ = runCLI(t, "", "machines", "approve", "r1u1"); code != 0 || !strings.Contains(out, "approved") {
 		t.Errorf("approve: %d %s", code, out)

@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/better-compute/bcd/controlplane"
+	"github.com/better-compute/bcd/controlplane/lifecycle"
 	"github.com/better-compute/bcd/internal/cli"
 )
 
@@ -28,7 +29,11 @@ or writes it to --operator-token-file (0600). SIGINT or SIGTERM shut it down gra
 
 The well-known gateway url and server name come from --gateway-url and
 --gateway-server-name, else from BETTER_COMPUTE_GATEWAY_URL and
-BETTER_COMPUTE_GATEWAY_SERVER_NAME, else the gateway's own address.`,
+BETTER_COMPUTE_GATEWAY_SERVER_NAME, else the gateway's own address.
+
+It also runs every machine's lifecycle (better-compute machines deploy): each step has a
+timeout (--lifecycle-timeouts) and bounded retries, and a restart takes every machine up
+where the store says it was.`,
 		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if s.PKIDir == "" || s.DataDir == "" {
@@ -57,6 +62,7 @@ BETTER_COMPUTE_GATEWAY_SERVER_NAME, else the gateway's own address.`,
 	f.StringVar(&s.OperatorTokenFile, "operator-token-file", "", "at first start, write the operator token to this file (0600) instead of printing it")
 	f.StringVar(&s.DownloadsDir, "downloads-dir", "", "serve release binaries from this directory at {base-path}/downloads/…")
 	f.StringVar(&s.BasePath, "base-path", "", "path prefix of the api routes, e.g. /p")
+	f.StringVar(&s.LifecycleTimeouts, "lifecycle-timeouts", "", "machine lifecycle step timeouts, e.g. ramdisk=10m,deploy=1h,install=15m,bmc=2m,inventory=2m,grace=1m (default $"+lifecycle.EnvTimeouts+", else those)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd
 }

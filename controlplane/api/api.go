@@ -12,7 +12,6 @@ import (
 	"github.com/better-compute/bcd/controlplane/httpjson"
 	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/controlplane/token"
-	"github.com/better-compute/bcd/pki"
 	"github.com/better-compute/bcd/protocol"
 )
 
@@ -36,14 +35,13 @@ type Notifier interface {
 	SpecChanged(site string)
 }
 
-// InstallConfig is what a deploy writes into the installed OS besides its
-// token: where the gateway is and the PKI's public half.
-type InstallConfig struct {
-	GatewayURL        string
-	GatewayServerName string
-	Pins              pki.Pins
-	// EncryptionJWK is join-encryption.jwk.
-	EncryptionJWK []byte
+// Lifecycle runs machines' deployments: the lifecycle controller. Its
+// refusals are *protocol.ErrorResponse errors.
+type Lifecycle interface {
+	// Deploy starts a deployment of m.
+	Deploy(ctx context.Context, m store.Machine, spec store.DeploySpec) (store.Deployment, error)
+	// Cancel stops m's running deployment.
+	Cancel(ctx context.Context, m store.Machine) (store.Deployment, error)
 }
 
 // Store is what the api reads and writes.
@@ -54,6 +52,7 @@ type Store interface {
 	store.Commands
 	store.Operators
 	store.Machines
+	GetDeployment(ctx context.Context, id string) (store.Deployment, error)
 }
 
 // Server is the api.
@@ -70,9 +69,9 @@ type Server struct {
 	// Notifier reaches node sessions; nil when none (commands are then
 	// delivered at the node's next session).
 	Notifier Notifier
-	// Install is what deploys write into installed OSes; nil refuses
-	// deploys (UNSUPPORTED).
-	Install *InstallConfig
+	// Lifecycle runs deployments; nil refuses deploy and cancel
+	// (UNSUPPORTED).
+	Lifecycle Lifecycle
 	// Logger; nil discards.
 	Logger *slog.Logger
 	// Now is the clock; nil means time.Now.
@@ -132,6 +131,8 @@ func (s *Server) Handler() http.Handler {
 	op("POST /machines/{ref}/bootdev", s.bootdev)
 	op("POST /machines/{ref}/inventory", s.inventory)
 	op("POST /machines/{ref}/deploy", s.deploy)
+	op("POST /machines/{ref}/cancel", s.cancel)
+	op("PUT /machines/{ref}/firmware", s.setFirmware)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		httpjson.WriteJSON(w, http.StatusNotFound, httpjson.Errorf(protocol.CodeNotFound, "no such route: %s %s", r.Method, short(r.URL.Path)))
 	})

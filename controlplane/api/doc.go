@@ -36,7 +36,9 @@
 //	POST   {basePath}/api/v1/machines/{m}/power     MachinePower → 201 store.Command (bmc.power)
 //	POST   {basePath}/api/v1/machines/{m}/bootdev   MachineBootdev → 201 store.Command (bmc.bootdev)
 //	POST   {basePath}/api/v1/machines/{m}/inventory 201 store.Command (inventory)
-//	POST   {basePath}/api/v1/machines/{m}/deploy    DeployCreate → 201 DeployCreated (deploy.image)
+//	POST   {basePath}/api/v1/machines/{m}/deploy    DeployCreate → 201 DeployCreated (a deployment)
+//	POST   {basePath}/api/v1/machines/{m}/cancel    MachineInfo (the deployment stopped: failed)
+//	PUT    {basePath}/api/v1/machines/{m}/firmware  MachineFirmware → MachineInfo
 //
 // {m} is a machine's id (m_…), one of its MACs (any spelling), or its name
 // when that names one machine across sites. POST /sites takes approval
@@ -50,15 +52,23 @@
 // never answered: MachineInfo shows bmc.has_password.
 //
 // power and bootdev go to a connected site agent of the machine's site (the
-// one seen last; none connected is UNAVAILABLE), inventory and deploy to the
-// machine's ramdisk node, which must be connected. deploy mints the node id
-// the installed OS will join as and a single-use join token bound to it and
-// to the machine (role node, the machine's site, pool DefaultPool unless
-// given), and puts into deploy.image's files /etc/bcd/config.toml,
-// join-encryption.jwk, join-token and node-id (0600, root). The agent gets
-// them whole; every api read of a command (RedactCommand) shows each file's
-// path, mode and size, never its content, so the token is in no answer.
-// The caller waits for a command's outcome by reading it (client.WaitCommand).
+// one seen last; none connected is UNAVAILABLE), inventory to the machine's
+// ramdisk node, which must be connected. The caller waits for a command's
+// outcome by reading it (client.WaitCommand).
+//
+// deploy starts a deployment that the lifecycle (the Lifecycle interface,
+// package lifecycle) runs from PXE boot to provisioned or failed; it answers
+// the machine in the state it starts in and the deployment. A machine whose
+// deployment runs refuses another (ALREADY_EXISTS) until cancel; after
+// must be kexec or reboot, since a deployment ends with the installed OS
+// running. Each deploy.image the lifecycle sends carries, in its files, a
+// fresh node id and a single-use join token bound to it and to the machine
+// (role node, the machine's site, pool DefaultPool unless given), with
+// /etc/bcd/config.toml, join-encryption.jwk and node-id (0600, root). The
+// agent gets them whole; every api read of a command (RedactCommand) shows
+// each file's path, mode and size, never its content, and a deployment's
+// image URL is shown without userinfo or query (RedactDeployment). GET of
+// one machine includes its latest deployment.
 //
 // Bodies are JSON both ways; unknown fields are refused. Every refusal is a
 // protocol.ErrorResponse: INVALID_INPUT (400), UNAUTHENTICATED (401),

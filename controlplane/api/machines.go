@@ -6,15 +6,14 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/better-compute/bcd/controlplane/httpjson"
 	"github.com/better-compute/bcd/controlplane/ids"
 	"github.com/better-compute/bcd/controlplane/machines"
 	"github.com/better-compute/bcd/controlplane/store"
-	"github.com/better-compute/bcd/controlplane/token"
 	"github.com/better-compute/bcd/protocol"
 )
 
@@ -201,9 +200,13 @@ func (s *Server) createMachine(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	fw, err := firmware(in.Firmware)
+	if err != nil {
+		return err
+	}
 	now := s.now()
 	m := store.Machine{ID: ids.New(ids.PrefixMachine, now), Name: in.Name, Site: in.Site, MACs: macs, BootMode: mode,
-		State: store.MachineRegistered, StateChangedAt: now, CreatedAt: now, UpdatedAt: now}
+		Firmware: fw, State: store.MachineRegistered, StateChangedAt: now, CreatedAt: now, UpdatedAt: now}
 	if in.BMC != nil {
 		if m.BMC, err = checkBMC(m.ID, *in.BMC, nil); err != nil {
 			return err
@@ -295,7 +298,18 @@ func (s *Server) getMachine(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	httpjson.WriteJSON(w, http.StatusOK, s.machineInfo(r, m, nil))
+	info := s.machineInfo(r, m, nil)
+	if m.Deployment != "" {
+		d, err := s.Store.GetDeployment(r.Context(), m.Deployment)
+		switch {
+		case err == nil:
+			d = RedactDeployment(d)
+			info.CurrentDeployment = &d
+		case !errors.Is(err, store.ErrNotFound):
+			return err
+		}
+	}
+	httpjson.WriteJSON(w, http.StatusOK, info)
 	return nil
 }
 
@@ -558,13 +572,9 @@ func (s *Server) inventory(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// deployTokenTTL is how long the installed OS's join token lives: the
-// image's download, the write and the first boot all come before the join.
-const deployTokenTTL = DefaultTokenTTL
-
 func (s *Server) deploy(w http.ResponseWriter, r *http.Request) error {
-	if s.Install == nil {
-		return httpjson.Errorf(protocol.CodeUnsupported, "this api was started without what a deploy writes into the installed OS (gateway and PKI)")
+	if s.Lifecycle == nil {
+		return httpjson.Errorf(protocol.CodeUnsupported, "this api runs without the machine lifecycle (better-compute serve runs it)")
 	}
 	var in DeployCreate
 	if err := decode(r, &in); err != nil {
@@ -576,46 +586,78 @@ func (s *Server) deploy(w http.ResponseWriter, r *http.Request) error {
 	if err := checkName("pool", in.Pool); err != nil {
 		return err
 	}
-	if in.After == "" {
+	switch in.After {
+	case "":
 		in.After = protocol.AfterKexec
+	case protocol.AfterKexec, protocol.AfterReboot:
+	default:
+		return httpjson.Errorf(protocol.CodeInvalidInput, "after %q: a deployment ends with the installed OS running: want kexec or reboot", short(in.After))
 	}
 	m, err := s.machine(r)
 	if err != nil {
 		return err
 	}
-	rd, err := s.ramdisk(r, m)
+	d, err := s.Lifecycle.Deploy(r.Context(), m, store.DeploySpec{Image: in.Image, Target: in.Target, After: in.After,
+		Cmdline: in.Cmdline, Pool: in.Pool})
 	if err != nil {
 		return err
 	}
-	now := s.now()
-	nodeID := ids.New(ids.PrefixNode, now)
-	j := token.NewJoin(now)
-	files, err := machines.InstallFiles(machines.Install{
-		GatewayURL: s.Install.GatewayURL, GatewayServerName: s.Install.GatewayServerName, Site: m.Site,
-		Pins: s.Install.Pins, EncryptionJWK: s.Install.EncryptionJWK, Token: j.Token, NodeID: nodeID,
-	})
+	got, err := s.Store.GetMachine(r.Context(), m.ID)
 	if err != nil {
 		return err
 	}
-	params := protocol.DeployImageParams{Image: in.Image, Target: in.Target, Files: files,
-		After: protocol.DeployAfter{Action: in.After, Cmdline: in.Cmdline}}
-	if err := params.Validate(); err != nil {
-		return httpjson.Errorf(protocol.CodeInvalidInput, "deploy: %v", err)
-	}
-	tok := store.Token{ID: j.ID, Hash: j.Hash, Pool: in.Pool, Site: m.Site, Role: protocol.RoleNode, NodeID: nodeID,
-		MachineID: m.ID, CreatedAt: now, ExpiresAt: now.Add(deployTokenTTL)}
-	if err := s.Store.CreateToken(r.Context(), tok); err != nil {
-		return err
-	}
-	c, err := s.enqueue(r, m, rd.ID, protocol.KindDeployImage, params)
-	if err != nil {
-		// An orphan token would be harmless (only its hash is kept and
-		// nobody has it), but a revoked one says so in tokens list.
-		s.Store.RevokeToken(r.Context(), tok.ID, time.Now())
-		return err
-	}
-	s.log().Info("deploy enqueued", "command", c.ID, "machine", m.ID, "ramdisk", rd.ID, "node_id", nodeID,
-		"token", tok.ID, "pool", in.Pool, "image_size", in.Image.Size, "after", in.After)
-	httpjson.WriteJSON(w, http.StatusCreated, DeployCreated{Command: RedactCommand(c), NodeID: nodeID, TokenID: tok.ID})
+	httpjson.WriteJSON(w, http.StatusCreated, DeployCreated{Machine: s.machineInfo(r, got, nil), Deployment: RedactDeployment(d)})
 	return nil
+}
+
+func (s *Server) cancel(w http.ResponseWriter, r *http.Request) error {
+	if s.Lifecycle == nil {
+		return httpjson.Errorf(protocol.CodeUnsupported, "this api runs without the machine lifecycle (better-compute serve runs it)")
+	}
+	m, err := s.machine(r)
+	if err != nil {
+		return err
+	}
+	if _, err := s.Lifecycle.Cancel(r.Context(), m); err != nil {
+		return err
+	}
+	return s.getMachine(w, r)
+}
+
+func (s *Server) setFirmware(w http.ResponseWriter, r *http.Request) error {
+	var in MachineFirmware
+	if err := decode(r, &in); err != nil {
+		return err
+	}
+	fw, err := firmware(in.Firmware)
+	if err != nil {
+		return err
+	}
+	m, err := s.machine(r)
+	if err != nil {
+		return err
+	}
+	return s.update(w, r, m, store.MachineUpdate{Firmware: &fw, Event: store.MachineEvent{Kind: "machine.firmware",
+		Message: fmt.Sprintf("firmware %s (was %s)", fw, m.Firmware)}}, false)
+}
+
+func firmware(v string) (string, error) {
+	switch v {
+	case "", store.FirmwareBIOS:
+		return store.FirmwareBIOS, nil
+	case store.FirmwareUEFI:
+		return v, nil
+	}
+	return "", httpjson.Errorf(protocol.CodeInvalidInput, "firmware %q: want bios or uefi", short(v))
+}
+
+// RedactDeployment returns d as the api shows it: the image URL without
+// userinfo, query or fragment, which may hold a credential.
+func RedactDeployment(d store.Deployment) store.Deployment {
+	if u, err := url.Parse(d.Spec.Image.URL); err == nil {
+		d.Spec.Image.URL = (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String()
+	} else {
+		d.Spec.Image.URL = ""
+	}
+	return d
 }

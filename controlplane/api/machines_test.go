@@ -1,7 +1,6 @@
 package api_test
 
 import (
-	"encoding/base64"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -9,15 +8,22 @@ import (
 	"testing"
 	"time"
 
-	"github.com/better-compute/bcd/config"
 	"github.com/better-compute/bcd/controlplane/api"
 	"github.com/better-compute/bcd/controlplane/client"
 	"github.com/better-compute/bcd/controlplane/cptest"
+	"github.com/better-compute/bcd/controlplane/lifecycle"
+	"github.com/better-compute/bcd/controlplane/machines"
 	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/protocol"
 )
 
 func ptr[T any](v T) *T { return &v }
+
+func (n *notes) notifiedNodes() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]string(nil), n.notified...)
+}
 
 func (n *notes) specChanges() []string {
 	n.mu.Lock()
@@ -243,113 +249,118 @@ func TestMachineBMCCommands(t *testing.T) {
 	}
 }
 
-func TestDeployCommand(t *testing.T) {
+// TestDeploy: POST /deploy starts a deployment the lifecycle runs (here
+// only started: no controller loop), refuses a second one while it runs,
+// and POST /cancel ends it.
+func TestDeploy(t *testing.T) {
 	b := cptest.NewBundle(t)
 	e := startWith(t, "", func(s *api.Server) {
-		s.Install = &api.InstallConfig{GatewayURL: "https://gw.example.test:8444", GatewayServerName: "gw.internal.test",
-			Pins: b.Public.Pins(), EncryptionJWK: b.Public.JoinEncryptionJWK}
+		s.Lifecycle = &lifecycle.Controller{Store: s.Store.(store.Store), Notifier: s.Notifier, Install: &machines.Install{GatewayURL: "https://gw.example.test:8444",
+			GatewayServerName: "gw.internal.test", Pins: b.Public.Pins(), EncryptionJWK: b.Public.JoinEncryptionJWK}}
 	})
-	m := cptest.NewMachine(t, e.st, nil)
-	in := api.DeployCreate{Image: protocol.DeployImage{URL: "https://images.example.test/ubuntu.raw.zst", SHA256: strings.Repeat("ab", 32),
+	m := cptest.NewMachine(t, e.st, func(m *store.Machine) { m.BootMode = "" })
+	in := api.DeployCreate{Image: protocol.DeployImage{URL: "https://user:secret@images.example.test/ubuntu.raw.zst?sig=abc", SHA256: strings.Repeat("ab", 32),
 		Size: 1 << 30, Format: protocol.FormatZstd, ImageSize: 4 << 30}, Target: protocol.DeployTarget{Serial: "S123"}, Cmdline: "console=ttyS0"}
-	if _, err := e.c.Deploy(ctx, m.ID, in); client.Code(err) != protocol.CodeUnavailable {
-		t.Errorf("deploy without a ramdisk: %v", err)
-	}
-	// A bound ramdisk that is not connected does not do.
-	if err := e.st.Admit(ctx, store.Admission{Node: store.Node{ID: "n_rd2", Role: "ramdisk", Site: cptest.Site, SPIFFEID: "x", CertSerial: "2",
-		CertNotAfter: time.Now().Add(time.Hour), State: "ready"}, Machine: m.ID, Now: time.Now()}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.c.Deploy(ctx, m.ID, in); client.Code(err) != protocol.CodeUnavailable || !strings.Contains(err.Error(), "not connected") {
-		t.Errorf("deploy to an offline ramdisk: %v", err)
-	}
-	e.st.Admit(ctx, store.Admission{Node: store.Node{ID: "n_rd3", Role: "ramdisk", Site: cptest.Site, SPIFFEID: "x", CertSerial: "3",
-		CertNotAfter: time.Now().Add(time.Hour), State: "ready"}, Machine: m.ID, Now: time.Now()})
-	e.st.OpenSession(ctx, store.Session{NodeID: "n_rd3", Role: "ramdisk", ConnectedAt: time.Now()})
 
-	bad := in
-	bad.Image.SHA256 = "nothex"
-	if _, err := e.c.Deploy(ctx, m.ID, bad); client.Code(err) != protocol.CodeInvalidInput {
-		t.Errorf("bad sha256: %v", err)
+	for name, bad := range map[string]func(*api.DeployCreate){
+		"bad sha256":     func(d *api.DeployCreate) { d.Image.SHA256 = "nothex" },
+		"after poweroff": func(d *api.DeployCreate) { d.After = protocol.AfterPowerOff },
+		"bad pool":       func(d *api.DeployCreate) { d.Pool = "Pool A" },
+		"no image size":  func(d *api.DeployCreate) { d.Image.ImageSize = 0 },
+	} {
+		x := in
+		bad(&x)
+		if _, err := e.c.Deploy(ctx, m.ID, x); client.Code(err) != protocol.CodeInvalidInput {
+			t.Errorf("%s: %v, want INVALID_INPUT", name, err)
+		}
 	}
-	if toks, _ := e.c.ListTokens(ctx); len(toks) != 0 {
-		t.Errorf("a refused deploy left %d tokens", len(toks))
+	if got, _ := e.c.GetMachine(ctx, m.ID); got.State != store.MachineRegistered || got.Deployment != "" {
+		t.Errorf("refused deploys changed the machine: %+v", got)
 	}
 
+	// No ramdisk and no BMC: PXE-boot by hand, boot entry ramdisk.
 	out, err := e.c.Deploy(ctx, m.ID, in)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if out.Command.NodeID != "n_rd3" || out.Command.Kind != protocol.KindDeployImage || !protocol.ValidNodeID(out.NodeID) || !strings.HasPrefix(out.TokenID, "jt_") {
-		t.Errorf("deploy %+v", out)
+	if out.Machine.State != store.MachinePXEBooting || out.Machine.BootMode != protocol.BootRamdisk || out.Machine.Deployment != out.Deployment.ID ||
+		!strings.HasPrefix(out.Deployment.ID, "dep_") || out.Deployment.Step != lifecycle.StepWaitJoin || out.Deployment.Spec.Pool != "default" ||
+		out.Deployment.Spec.After != protocol.AfterKexec || !strings.Contains(out.Machine.StateReason, "no BMC") {
+		t.Errorf("deploy %+v\n%+v", out.Machine, out.Deployment)
 	}
-	// The agent gets the params whole: the four files, 0600 root.
-	stored, _ := e.st.GetCommand(ctx, out.Command.ID)
-	var p protocol.DeployImageParams
-	if err := json.Unmarshal(stored.Params, &p); err != nil || p.Validate() != nil {
-		t.Fatalf("stored params: %v %v", err, p.Validate())
+	if got := e.notes.specChanges(); len(got) == 0 || got[len(got)-1] != cptest.Site {
+		t.Errorf("the boot entry change was not pushed: %v", got)
 	}
-	if p.After.Action != protocol.AfterKexec || p.After.Cmdline != "console=ttyS0" || p.Target.Serial != "S123" || p.Image.Format != protocol.FormatZstd {
-		t.Errorf("params %+v", p)
-	}
-	files := map[string]protocol.DeployFile{}
-	for _, f := range p.Files {
-		if f.Mode != 0o600 || f.UID != 0 || f.GID != 0 {
-			t.Errorf("%s: mode %o uid %d gid %d", f.Path, f.Mode, f.UID, f.GID)
-		}
-		files[f.Path] = f
-	}
-	if len(files) != 4 {
-		t.Fatalf("files %v", files)
-	}
-	c, err := config.Parse(files["/etc/bcd/config.toml"].Content, config.ParseOptions{})
-	if err != nil || c.GatewayURL != "https://gw.example.test:8444" || c.GatewayServerName != "gw.internal.test" || c.Site != cptest.Site ||
-		c.ServingCASPKIPin != b.Public.ServingCASPKIPin || c.JoinSigningKeyPin != b.Public.JoinSigningKeyPin || c.JoinEncryptionKeyPin != b.Public.JoinEncryptionKeyPin {
-		t.Errorf("config.toml %+v %v", c, err)
-	}
-	if string(files["/etc/bcd/node-id"].Content) != out.NodeID+"\n" {
-		t.Errorf("node-id %q", files["/etc/bcd/node-id"].Content)
-	}
-	if strings.TrimSpace(string(files["/etc/bcd/join-encryption.jwk"].Content)) != string(b.Public.JoinEncryptionJWK) {
-		t.Errorf("jwk %q", files["/etc/bcd/join-encryption.jwk"].Content)
-	}
-	secret := strings.TrimSpace(string(files["/etc/bcd/join-token"].Content))
-	if !strings.HasPrefix(secret, "bcjt_"+out.TokenID+"_") {
-		t.Fatalf("join-token %q", secret)
-	}
-	tok, err := e.st.GetToken(ctx, out.TokenID)
-	if err != nil || tok.NodeID != out.NodeID || tok.MachineID != m.ID || tok.Role != "node" || tok.Site != cptest.Site || tok.Pool != "default" {
-		t.Errorf("token %+v %v", tok, err)
-	}
-
-	// No api read shows the token or the files' content.
-	encoded := base64.StdEncoding.EncodeToString(files["/etc/bcd/join-token"].Content)
 	raw, _ := json.Marshal(out)
-	got, _ := e.c.GetCommand(ctx, out.Command.ID)
+	got, _ := e.c.GetMachine(ctx, m.ID)
 	raw2, _ := json.Marshal(got)
 	evs, _ := e.c.MachineEvents(ctx, m.ID, 0)
 	raw3, _ := json.Marshal(evs)
-	toks, _ := e.c.ListTokens(ctx)
-	raw4, _ := json.Marshal(toks)
-	for i, r := range []string{string(raw), string(raw2), string(raw3), string(raw4)} {
-		if strings.Contains(r, secret) || strings.Contains(r, encoded) || strings.Contains(r, secret[len(secret)-20:]) {
-			t.Errorf("read %d shows the join token: %s", i, r)
+	for _, r := range []string{string(raw), string(raw2), string(raw3)} {
+		if strings.Contains(r, "secret") || strings.Contains(r, "sig=abc") {
+			t.Errorf("the image URL's credentials show: %s", r)
 		}
 	}
-	var shown struct {
-		Files []map[string]any `json:"files"`
+	if got.CurrentDeployment == nil || got.CurrentDeployment.ID != out.Deployment.ID || got.CurrentDeployment.Spec.Image.URL != "https://images.example.test/ubuntu.raw.zst" {
+		t.Errorf("machine's deployment %+v", got.CurrentDeployment)
 	}
-	json.Unmarshal(got.Params, &shown)
-	if len(shown.Files) != 4 || shown.Files[2]["content_redacted"] != true || shown.Files[2]["content"] != nil || shown.Files[2]["path"] != "/etc/bcd/join-token" {
-		t.Errorf("redacted params %s", got.Params)
+	if _, err := e.c.Deploy(ctx, m.ID, in); client.Code(err) != protocol.CodeAlreadyExists || !strings.Contains(err.Error(), "machines cancel") {
+		t.Errorf("a second deploy: %v", err)
+	}
+	c, err := e.c.CancelDeploy(ctx, m.ID)
+	if err != nil || c.State != store.MachineFailed || c.StateReason != "cancelled by operator" || c.CurrentDeployment.Outcome != lifecycle.OutcomeCancelled {
+		t.Fatalf("cancel: %+v %v", c, err)
+	}
+	if _, err := e.c.CancelDeploy(ctx, m.ID); client.Code(err) != protocol.CodeInvalidInput {
+		t.Errorf("cancel again: %v", err)
+	}
+
+	// A connected ramdisk: straight to ramdisk, which is asked for its
+	// inventory.
+	e.st.Admit(ctx, store.Admission{Node: store.Node{ID: "n_rd3", Role: "ramdisk", Site: cptest.Site, SPIFFEID: "x", CertSerial: "3",
+		CertNotAfter: time.Now().Add(time.Hour), State: "ready"}, Machine: m.ID, Now: time.Now()})
+	e.st.OpenSession(ctx, store.Session{NodeID: "n_rd3", Role: "ramdisk", ConnectedAt: time.Now()})
+	out, err = e.c.Deploy(ctx, m.ID, in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd, err := e.st.GetCommand(ctx, out.Deployment.CommandID)
+	if out.Machine.State != store.MachineRamdisk || err != nil || cmd.Kind != protocol.KindInventory || cmd.NodeID != "n_rd3" {
+		t.Errorf("deploy with a ramdisk: %+v %+v %v", out.Machine, cmd, err)
+	}
+	if n := e.notes.notifiedNodes(); len(n) == 0 || n[len(n)-1] != "n_rd3" {
+		t.Errorf("the ramdisk's session was not told: %v", n)
 	}
 }
 
-func TestDeployNeedsInstallConfig(t *testing.T) {
+func TestDeployNeedsTheLifecycle(t *testing.T) {
 	e := start(t, "")
 	m := cptest.NewMachine(t, e.st, nil)
 	if _, err := e.c.Deploy(ctx, m.ID, api.DeployCreate{}); client.Code(err) != protocol.CodeUnsupported {
-		t.Errorf("deploy without install config: %v", err)
+		t.Errorf("deploy without a lifecycle: %v", err)
+	}
+	if _, err := e.c.CancelDeploy(ctx, m.ID); client.Code(err) != protocol.CodeUnsupported {
+		t.Errorf("cancel without a lifecycle: %v", err)
+	}
+}
+
+func TestFirmware(t *testing.T) {
+	e := start(t, "")
+	m, err := e.c.CreateMachine(ctx, api.MachineCreate{Site: cptest.Site, MACs: []string{"52:54:00:aa:00:09"}, Firmware: "uefi"})
+	if err != nil || m.Firmware != store.FirmwareUEFI {
+		t.Fatalf("create uefi: %+v %v", m, err)
+	}
+	if m, err = e.c.SetFirmware(ctx, m.ID, "bios"); err != nil || m.Firmware != store.FirmwareBIOS {
+		t.Errorf("set bios: %+v %v", m, err)
+	}
+	if _, err = e.c.SetFirmware(ctx, m.ID, "coreboot"); client.Code(err) != protocol.CodeInvalidInput {
+		t.Errorf("coreboot: %v", err)
+	}
+	if _, err = e.c.CreateMachine(ctx, api.MachineCreate{Site: cptest.Site, MACs: []string{"52:54:00:aa:00:0a"}, Firmware: "efi"}); client.Code(err) != protocol.CodeInvalidInput {
+		t.Errorf("create efi: %v", err)
+	}
+	if m, err = e.c.CreateMachine(ctx, api.MachineCreate{Site: cptest.Site, MACs: []string{"52:54:00:aa:00:0b"}}); err != nil || m.Firmware != store.FirmwareBIOS {
+		t.Errorf("default firmware: %+v %v", m, err)
 	}
 }
 

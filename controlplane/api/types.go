@@ -111,6 +111,15 @@ type MachineCreate struct {
 	// BootMode is ramdisk, local, or empty for none.
 	BootMode string           `json:"boot_mode,omitempty"`
 	BMC      *MachineBMCInput `json:"bmc,omitempty"`
+	// Firmware is bios (the default when empty) or uefi: how the BMC is
+	// told to PXE-boot the machine.
+	Firmware string `json:"firmware,omitempty"`
+}
+
+// MachineFirmware is the body of PUT /api/v1/machines/{m}/firmware.
+type MachineFirmware struct {
+	// Firmware is bios or uefi.
+	Firmware string `json:"firmware"`
 }
 
 // MachineBMCInfo is a machine's BMC as the api shows it: never the
@@ -134,6 +143,9 @@ type MachineInfo struct {
 	// node and installed node have a session.
 	RamdiskConnected bool `json:"ramdisk_connected"`
 	NodeConnected    bool `json:"node_connected"`
+	// CurrentDeployment is the machine's latest deployment (GET of one
+	// machine only), its image URL without userinfo or query.
+	CurrentDeployment *store.Deployment `json:"current_deployment,omitempty"`
 }
 
 // MachineList answers GET /api/v1/machines (inventories left out).
@@ -166,13 +178,15 @@ type MachineBootdev struct {
 	Persistent bool   `json:"persistent,omitempty"`
 }
 
-// DeployCreate is the body of POST /api/v1/machines/{m}/deploy.
+// DeployCreate is the body of POST /api/v1/machines/{m}/deploy: a new
+// deployment of the machine, which the lifecycle runs from PXE boot to
+// provisioned.
 type DeployCreate struct {
 	Image  protocol.DeployImage  `json:"image"`
 	Target protocol.DeployTarget `json:"target,omitzero"`
 	// After is what the ramdisk does once the disk is written: kexec (the
-	// default when empty), reboot, poweroff or none; Cmdline is the
-	// installed kernel's command line for kexec.
+	// default when empty) or reboot; Cmdline is the installed kernel's
+	// command line for kexec.
 	After   string `json:"after,omitempty"`
 	Cmdline string `json:"cmdline,omitempty"`
 	// Pool is the installed OS's node pool; "" means DefaultPool.
@@ -182,11 +196,9 @@ type DeployCreate struct {
 // DefaultPool is the pool an installed OS joins when the deploy names none.
 const DefaultPool = "default"
 
-// DeployCreated answers DeployCreate: the deploy.image command (its files'
-// content redacted), the node id the installed OS will join as and the id of
-// its single-use join token (never the token).
+// DeployCreated answers DeployCreate: the machine in the state its
+// deployment starts in, and the deployment.
 type DeployCreated struct {
-	Command store.Command `json:"command"`
-	NodeID  string        `json:"node_id"`
-	TokenID string        `json:"token_id"`
+	Machine    MachineInfo      `json:"machine"`
+	Deployment store.Deployment `json:"deployment"`
 }

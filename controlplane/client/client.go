@@ -285,10 +285,24 @@ func (c *Client) Inventory(ctx context.Context, ref string) (store.Command, erro
 	return out, c.Do(ctx, http.MethodPost, machinePath(ref)+"/inventory", nil, &out)
 }
 
-// Deploy enqueues deploy.image at the machine's ramdisk node.
+// Deploy starts a deployment of the machine, which the control plane's
+// lifecycle runs to provisioned or failed.
 func (c *Client) Deploy(ctx context.Context, ref string, in api.DeployCreate) (api.DeployCreated, error) {
 	var out api.DeployCreated
 	return out, c.Do(ctx, http.MethodPost, machinePath(ref)+"/deploy", in, &out)
+}
+
+// CancelDeploy stops the machine's running deployment; the machine is
+// failed, "cancelled by operator".
+func (c *Client) CancelDeploy(ctx context.Context, ref string) (api.MachineInfo, error) {
+	var out api.MachineInfo
+	return out, c.Do(ctx, http.MethodPost, machinePath(ref)+"/cancel", nil, &out)
+}
+
+// SetFirmware sets a machine's firmware: bios or uefi.
+func (c *Client) SetFirmware(ctx context.Context, ref, firmware string) (api.MachineInfo, error) {
+	var out api.MachineInfo
+	return out, c.Do(ctx, http.MethodPut, machinePath(ref)+"/firmware", api.MachineFirmware{Firmware: firmware}, &out)
 }
 
 // Code is the refusal code of err, "" when err is not a refusal.

@@ -63,6 +63,13 @@ type Session struct {
 // says Hello and reads the Welcome. The session closes when the test ends.
 func (a *Agent) Dial(t testing.TB, gatewayURL string, roots *x509.CertPool, res protocol.JoinResult) *Session {
 	t.Helper()
+	return a.DialBoot(t, gatewayURL, roots, res, "boot-1")
+}
+
+// DialBoot is Dial with the boot id the Hello reports: a new one is a
+// machine that rebooted.
+func (a *Agent) DialBoot(t testing.TB, gatewayURL string, roots *x509.CertPool, res protocol.JoinResult, bootID string) *Session {
+	t.Helper()
 	cert := a.ClientCert(t, res)
 	c, _, err := websocket.Dial(context.Background(), "wss"+strings.TrimPrefix(gatewayURL, "https")+protocol.PathSession,
 		&websocket.DialOptions{HTTPClient: HTTPClient(roots, &cert)})
@@ -73,7 +80,7 @@ func (a *Agent) Dial(t testing.TB, gatewayURL string, roots *x509.CertPool, res 
 	t.Cleanup(func() { c.CloseNow() })
 	s := &Session{t: t, c: c}
 	s.Send(protocol.FrameHello, protocol.Hello{ProtocolVersion: protocol.Version, NodeID: res.NodeID, Role: res.Role,
-		DaemonVersion: "0.0.0-test", BootID: "boot-1"})
+		DaemonVersion: "0.0.0-test", BootID: bootID})
 	s.Expect(protocol.FrameWelcome, &s.Welcome)
 	return s
 }

@@ -31,12 +31,18 @@
 // (machine.booted attached to a machine, boot.nonce kept hashed and stored
 // without the nonce).
 //
-// After the Welcome the gateway sends the node's open commands (queued, or
-// sent before but without a terminal status: they are re-sent on every new
-// session until one arrives), and any command enqueued while the node is
-// connected (Notify). Each Status updates its command and each Event is
-// stored; both are acknowledged with Ack{seq} once written, so the agent can
-// drop them from its journal.
+// After the Welcome the gateway sends the node's open commands, and any
+// command enqueued while the node is connected (Notify). A queued command is
+// sent at once. One an earlier session sent without an answer is re-sent on
+// every new session until a status arrives, but only ResendDelay (2 s) after
+// the Welcome, so that the statuses the agent's journal replays are stored
+// first. One the agent reported RUNNING is never sent again: the agent has
+// it, and its journal reports the rest, so a deploy that finished while the
+// gateway was away does not run twice. Each Status updates its command and
+// each Event is stored; both are acknowledged with Ack{seq} once written, so
+// the agent can drop them from its journal. Observer (the lifecycle
+// controller) is told about every stored status and every session that
+// opens (after its Welcome) or closes.
 //
 // Heartbeats: the gateway pings every PingInterval (15 s) and drops a
 // session that misses MissedPings (3) pongs in a row. A session costs two

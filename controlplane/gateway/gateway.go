@@ -21,6 +21,7 @@ const (
 	DefaultMissedPings  = 3
 	DefaultHelloTimeout = 10 * time.Second
 	DefaultWriteTimeout = 10 * time.Second
+	DefaultResendDelay  = 2 * time.Second
 	// MaxFrameSize bounds one message from an agent. A status with a
 	// command's result (an inventory) is the largest.
 	MaxFrameSize = 1 << 20
@@ -53,6 +54,17 @@ type EventHandler interface {
 	Event(ctx context.Context, node store.Node, ev protocol.Event) (protocol.Event, error)
 }
 
+// Observer is told what changed in a session once the store has it: the
+// lifecycle controller steps the machine concerned at once instead of at its
+// next tick. Calls must not block.
+type Observer interface {
+	// StatusApplied: a status of the command was stored.
+	StatusApplied(nodeID, commandID string)
+	// SessionChanged: the node's session opened (its Welcome is out and the
+	// node is ready) or closed.
+	SessionChanged(nodeID string)
+}
+
 // Server is the gateway. Set the fields, then serve Handler() on a TLS
 // listener whose config requests client certificates
 // (tls.RequestClientCert or tls.VerifyClientCertIfGiven).
@@ -83,6 +95,13 @@ type Server struct {
 	// WriteTimeout bounds one frame's write; a client that reads slower is
 	// dropped. 0 means DefaultWriteTimeout.
 	WriteTimeout time.Duration
+	// ResendDelay holds back, on a new session, the commands an earlier
+	// session already sent, so the agent's journal replay (which may finish
+	// them) is stored first; 0 means DefaultResendDelay.
+	ResendDelay time.Duration
+	// Observer, when set, is told about stored statuses and sessions that
+	// open or close.
+	Observer Observer
 	// Logger; nil discards.
 	Logger *slog.Logger
 	// Now is the clock; nil means time.Now.

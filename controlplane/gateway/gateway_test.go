@@ -9,7 +9,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -304,7 +306,7 @@ func TestSession(t *testing.T) {
 }
 
 func TestRedeliveryUntilTerminal(t *testing.T) {
-	e := start(t, nil)
+	e := start(t, func(s *Server) { s.ResendDelay = 50 * time.Millisecond })
 	_, res, cert := e.joined("node")
 	id := e.enqueue(res.NodeID, protocol.KindDaemonUpgrade) // queued while offline
 	for round := 0; round < 2; round++ {
@@ -500,5 +502,92 @@ func TestCloseEndsSessions(t *testing.T) {
 	}
 	if _, resp, err := e.dial(&cert); err == nil || resp == nil || resp.StatusCode != 503 {
 		t.Errorf("session after Close: %v %v, want 503", err, resp)
+	}
+}
+
+// observed records what the gateway tells its Observer.
+type observed struct {
+	mu       sync.Mutex
+	statuses []string
+	sessions []string
+}
+
+func (o *observed) StatusApplied(node, cmd string) {
+	o.mu.Lock()
+	o.statuses = append(o.statuses, node+" "+cmd)
+	o.mu.Unlock()
+}
+
+func (o *observed) SessionChanged(node string) {
+	o.mu.Lock()
+	o.sessions = append(o.sessions, node)
+	o.mu.Unlock()
+}
+
+func (o *observed) counts() (int, int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.statuses), len(o.sessions)
+}
+
+// TestResendAfterReconnect: on a new session, a command the agent reported
+// RUNNING is not sent again (its journal reports the rest: a deploy is not
+// run twice); one sent before without an answer is held for ResendDelay, so
+// a terminal status the agent replays meanwhile keeps it from being sent,
+// and one still unanswered after it is sent.
+func TestResendAfterReconnect(t *testing.T) {
+	const delay = 400 * time.Millisecond
+	obs := &observed{}
+	e := start(t, func(s *Server) { s.ResendDelay = delay; s.Observer = obs })
+	_, res, cert := e.joined("node")
+	running := e.enqueue(res.NodeID, protocol.KindDaemonUpgrade)
+	replayed := e.enqueue(res.NodeID, protocol.KindNodeReboot)
+	unanswered := e.enqueue(res.NodeID, protocol.KindNodeReboot)
+
+	c, _, err := e.dial(&cert)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.send(protocol.FrameHello, hello(res))
+	c.expect(protocol.FrameWelcome, nil)
+	var got []string
+	for range 3 {
+		var cmd protocol.Command
+		c.expect(protocol.FrameCommand, &cmd)
+		got = append(got, cmd.ID)
+	}
+	sort.Strings(got)
+	want := []string{running, replayed, unanswered}
+	sort.Strings(want)
+	if strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Fatalf("first session got %v", got)
+	}
+	c.send(protocol.FrameStatus, protocol.Status{Seq: 1, CommandID: running, State: protocol.StateRunning, Time: time.Now()})
+	c.expect(protocol.FrameAck, nil)
+	c.c.Close(websocket.StatusNormalClosure, "")
+	e.waitFor("the session to end", func() bool { return !e.gw.Connected(res.NodeID) })
+
+	c, _, err = e.dial(&cert)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.send(protocol.FrameHello, hello(res))
+	c.expect(protocol.FrameWelcome, nil)
+	welcomed := time.Now()
+	// The journal's replay: the reboot finished while the agent was away.
+	c.send(protocol.FrameStatus, protocol.Status{Seq: 2, CommandID: replayed, State: protocol.StateSucceeded, Time: time.Now()})
+	c.expect(protocol.FrameAck, nil)
+	var cmd protocol.Command
+	c.expect(protocol.FrameCommand, &cmd)
+	if cmd.ID != unanswered || time.Since(welcomed) < delay-50*time.Millisecond {
+		t.Errorf("second session got %s after %v, want %s after %v", cmd.ID, time.Since(welcomed), unanswered, delay)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 2*delay)
+	defer cancel()
+	if _, b, err := c.c.Read(rctx); err == nil {
+		t.Errorf("another frame: %s", b)
+	}
+	if st, n := obs.counts(); st != 2 || n < 3 {
+		t.Errorf("observer: %d statuses, %d session changes", st, n)
 	}
 }

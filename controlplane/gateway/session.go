@@ -56,6 +56,11 @@ type session struct {
 	// sent holds the commands written in this session; only writeLoop
 	// touches it.
 	sent map[string]bool
+	// welcomed is when the Welcome went out; resendArmed says a kick is
+	// scheduled for the commands held back until ResendDelay after it.
+	// Only writeLoop touches resendArmed.
+	welcomed    time.Time
+	resendArmed bool
 }
 
 // authenticate checks the client certificate and the node it names.
@@ -195,6 +200,9 @@ func (ss *session) run(node store.Node, remote string) {
 		if err := s.Store.CloseSession(context.Background(), ss.id, s.now()); err != nil {
 			ss.log.Error("session: recording its end failed", "err", err)
 		}
+		if s.Observer != nil {
+			s.Observer.SessionChanged(ss.nodeID)
+		}
 	}()
 	old, current := s.register(ss)
 	if !current {
@@ -244,10 +252,14 @@ func (ss *session) run(node store.Node, remote string) {
 		ss.log.Info("session: welcome not written", "err", err)
 		return
 	}
+	ss.welcomed = s.now()
 	if node.State == protocol.NodeAdopting {
 		if _, err := s.Store.SetNodeState(ss.ctx, ss.nodeID, protocol.NodeAdopting, protocol.NodeReady, s.now()); err != nil {
 			ss.log.Error("session: marking the node ready failed", "err", err)
 		}
+	}
+	if s.Observer != nil {
+		s.Observer.SessionChanged(ss.nodeID)
 	}
 
 	writerDone := make(chan struct{})
@@ -367,6 +379,10 @@ func (ss *session) status(st protocol.Status) error {
 	}
 	if !ok {
 		ss.log.Info("session: status of an unknown or finished command", "command", short(st.CommandID), "state", st.State)
+		return nil
+	}
+	if ss.srv.Observer != nil {
+		ss.srv.Observer.StatusApplied(ss.nodeID, st.CommandID)
 	}
 	return nil
 }
@@ -500,13 +516,27 @@ func (ss *session) writeLoop() {
 }
 
 // deliver writes the node's open commands this session has not sent yet.
+// A command the agent reported RUNNING is not sent again: the agent has it,
+// and its journal replays what became of it, so a deploy that finished while
+// the gateway was away is not run twice. A command an earlier session sent
+// without an answer is held until ResendDelay after the Welcome, for the
+// replay to land first, and sent only if it is still unanswered.
 func (ss *session) deliver() error {
 	cmds, err := ss.srv.Store.OpenCommands(ss.ctx, ss.nodeID)
 	if err != nil {
 		return err
 	}
+	resendAt := ss.welcomed.Add(orDefault(ss.srv.ResendDelay, DefaultResendDelay))
+	now := ss.srv.now()
 	for _, c := range cmds {
-		if ss.sent[c.ID] || ss.upgradeOnly && c.Kind != protocol.KindDaemonUpgrade {
+		if ss.sent[c.ID] || ss.upgradeOnly && c.Kind != protocol.KindDaemonUpgrade || c.State == protocol.StateRunning {
+			continue
+		}
+		if !c.SentAt.IsZero() && now.Before(resendAt) {
+			if !ss.resendArmed {
+				ss.resendArmed = true
+				time.AfterFunc(resendAt.Sub(now), ss.kickCommands)
+			}
 			continue
 		}
 		b, err := frame(protocol.FrameCommand, protocol.Command{ID: c.ID, Kind: c.Kind, Params: c.Params})

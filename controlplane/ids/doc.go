@@ -1,5 +1,6 @@
 // Package ids mints the identifiers the control plane hands out: node ids
-// (n_…), join token ids (jt_…), command ids (cmd_…) and machine ids (m_…).
+// (n_…), join token ids (jt_…), command ids (cmd_…), machine ids (m_…) and
+// deployment ids (dep_…).
 //
 // An id is a prefix and a ULID in lower-case Crockford base32: 26 characters,
 // the first 10 a millisecond timestamp, the rest 80 random bits. Ids of one

@@ -12,6 +12,8 @@ const (
 	PrefixToken   = "jt_"
 	PrefixCommand = "cmd_"
 	PrefixMachine = "m_"
+	// PrefixDeployment names a machine's deployment (the lifecycle).
+	PrefixDeployment = "dep_"
 )
 
 // ULIDLen is the length of the part after the prefix.

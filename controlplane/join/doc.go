@@ -50,7 +50,9 @@
 // take part in reclaims.
 //
 // A provisioned token that a machine's deploy minted binds the installed
-// OS's node to the machine, and retires its ramdisk node.
+// OS's node to the machine, and retires its ramdisk node and the node an
+// earlier deployment installed. Service.Bound tells the lifecycle
+// controller about every node bound to a machine.
 //
 // Refusals are *protocol.ErrorResponse errors with the code that says why;
 // anything else (the store failing) is for the caller to answer as a

@@ -108,6 +108,10 @@ type Service struct {
 	// Retired, when set, is called after a join retired another node (a
 	// machine's previous ramdisk): the gateway ends its session.
 	Retired func(nodeID string)
+	// Bound, when set, is called after a join bound a node to a machine (a
+	// ramdisk, or an installed OS): the lifecycle controller looks at the
+	// machine at once.
+	Bound func(machineID, nodeID string)
 }
 
 func (s *Service) now() time.Time {
@@ -307,6 +311,9 @@ func (s *Service) admit(ctx context.Context, r *Request, adm *Admission) (*proto
 	}
 	if adm.Retire != "" && adm.Retire != nodeID && s.Retired != nil {
 		s.Retired(adm.Retire)
+	}
+	if adm.Machine != "" && s.Bound != nil {
+		s.Bound(adm.Machine, nodeID)
 	}
 	leafPEM := string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
 	result := protocol.JoinResult{

@@ -3,8 +3,8 @@
 // timelines, boot nonces, and the operator token's hash.
 //
 // The rest of the control plane depends on the small interfaces here (Sites,
-// Tokens, Nodes, Sessions, Commands, Operators, Machines, BootNonces), never
-// on SQL, so a
+// Tokens, Nodes, Sessions, Commands, Operators, Machines, BootNonces,
+// Deployments), never on SQL, so a
 // deployment that outgrows one machine can put several api and gateway
 // processes on another implementation (PostgreSQL) without touching them.
 // OpenSQLite is the implementation that `better-compute serve` runs on: pure
@@ -38,21 +38,31 @@
 //	machines        id PK (m_…), name (NULL for none; UNIQUE per site), site
 //	                → sites, boot_mode ('', ramdisk, local), bmc_address,
 //	                bmc_port, bmc_username, bmc_password (the file is 0600;
-//	                never returned by the api), bmc_cipher_suite, state,
-//	                state_reason, state_changed_at, ramdisk_node, node,
-//	                inventory (JSON), inventory_at, approved,
-//	                last_boot_stage, last_boot_at, created_at, updated_at
+//	                never returned by the api), bmc_cipher_suite, state
+//	                (the lifecycle's), state_reason, state_changed_at,
+//	                ramdisk_node, node, inventory (JSON), inventory_at,
+//	                approved, last_boot_stage, last_boot_at, created_at,
+//	                updated_at, firmware (bios, uefi), deployment (the
+//	                latest, '' for none)
 //	machine_macs    mac PK (lowercase, colons), machine_id → machines
 //	machine_events  id PK, machine_id, time, kind, message, node_id,
 //	                command_id, data (JSON): the machine's timeline
+//	deployments     id PK (dep_…), machine_id, spec (JSON DeploySpec: image,
+//	                target, after, cmdline, pool; no secret), step,
+//	                deadline, boot_attempts, deploy_attempts,
+//	                deploy_failures, bmc_attempts,
+//	                command_id, ramdisk_node, node_id, token_id, lost_at,
+//	                node_session, node_boot_id, outcome, version (grows
+//	                with each write: a stale write is ErrConflict),
+//	                created_at, updated_at, finished_at (NULL while it runs)
 //	boot_nonces     hash PK (SHA-256 of the nonce), mac, site, site_node,
 //	                machine_id, created_at, expires_at, csr_sha256 and
 //	                deferred_at (the join waiting for approval), used_at,
 //	                used_by
 //
 // Migrations are numbered by PRAGMA user_version (1: the first schema, 2:
-// machines) and run in one transaction at open; a database newer than the
-// build is refused.
+// machines, 3: the machine lifecycle) and run in one transaction at open; a
+// database newer than the build is refused.
 //
 // Times are Unix milliseconds (UTC); an absent time is NULL.
 //
@@ -66,5 +76,10 @@
 // boot nonce is consumed the same way, in the transaction that writes the
 // ramdisk's node and binds it to its machine. A command about a machine and
 // each of its statuses go on the machine's timeline in the transaction that
-// writes them (a RUNNING report at most every 5 s).
+// writes them (a RUNNING report at most every 5 s, but always the first one
+// with progress). A lifecycle step writes its deployment, the machine's
+// state with its "state" event, and the commands, tokens and events it
+// makes in one transaction (StartDeployment, AdvanceDeployment). The
+// installed OS's join retires the machine's ramdisk node and the node an
+// earlier deployment installed.
 package store

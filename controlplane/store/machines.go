@@ -9,10 +9,34 @@ import (
 	"github.com/better-compute/bcd/controlplane/token"
 )
 
-// MachineRegistered is the state of a machine that was added and nothing
-// has happened to yet. The lifecycle's other states come with the state
-// machine that drives them.
-const MachineRegistered = "registered"
+// Machine states: the lifecycle the control plane runs (see the lifecycle
+// package). A machine is registered until its first deployment; failed and
+// provisioned are where a deployment ends, and both may start another.
+const (
+	MachineRegistered  = "registered"
+	MachinePXEBooting  = "pxe-booting" // boot entry ramdisk, BMC bootdev pxe and power cycle, waiting for the ramdisk
+	MachineRamdisk     = "ramdisk"     // the ramdisk joined: inventory
+	MachineDeploying   = "deploying"   // deploy.image runs
+	MachineInstalling  = "installing"  // deploy.image SUCCEEDED: waiting for the installed OS's node
+	MachineProvisioned = "provisioned" // the installed OS's node is ready; boot entry local
+	MachineFailed      = "failed"      // with the reason
+)
+
+// MachineBusy reports whether a machine in state runs a deployment: one
+// that a new deployment must not replace without a cancel.
+func MachineBusy(state string) bool {
+	switch state {
+	case MachinePXEBooting, MachineRamdisk, MachineDeploying, MachineInstalling:
+		return true
+	}
+	return false
+}
+
+// Firmware of a machine (Machine.Firmware): how its BMC is told to PXE-boot.
+const (
+	FirmwareBIOS = "bios"
+	FirmwareUEFI = "uefi"
+)
 
 // Machine is a bare-metal server the control plane knows by its MACs.
 type Machine struct {
@@ -26,14 +50,19 @@ type Machine struct {
 	// does not answer the machine's PXE requests).
 	BootMode string `json:"boot_mode,omitempty"`
 	// BMC is nil for a machine without one.
-	BMC            *MachineBMC `json:"bmc,omitempty"`
-	State          string      `json:"state"`
-	StateReason    string      `json:"state_reason,omitempty"`
-	StateChangedAt time.Time   `json:"state_changed_at"`
+	BMC *MachineBMC `json:"bmc,omitempty"`
+	// Firmware is FirmwareBIOS ("" when creating means bios) or
+	// FirmwareUEFI: bmc.bootdev pxe asks for an EFI boot on uefi.
+	Firmware       string    `json:"firmware"`
+	State          string    `json:"state"`
+	StateReason    string    `json:"state_reason,omitempty"`
+	StateChangedAt time.Time `json:"state_changed_at"`
 	// RamdiskNode is the node its ramdisk joined as on its latest boot.
 	RamdiskNode string `json:"ramdisk_node,omitempty"`
 	// Node is the node its installed OS joined as.
 	Node string `json:"node,omitempty"`
+	// Deployment is its latest deployment (dep_…), "" before the first.
+	Deployment string `json:"deployment,omitempty"`
 	// Inventory is the latest hardware report: the claims of its ramdisk's
 	// join, or the result of an inventory command.
 	Inventory   json.RawMessage `json:"inventory,omitempty"`
@@ -63,6 +92,9 @@ const (
 	MachineEventCommand       = "command"        // a command about the machine was enqueued
 	MachineEventCommandStatus = "command.status" // an agent reported on it
 	MachineEventJoin          = "join"           // a node joined for the machine
+	// MachineEventState is a lifecycle transition: the machine's new state
+	// and why (data: from, to, reason, deployment).
+	MachineEventState = "state"
 )
 
 // MachineEvent is one entry of a machine's timeline.
@@ -80,6 +112,8 @@ type MachineEvent struct {
 // MachineUpdate is a change to a machine; nil fields stay as they are.
 type MachineUpdate struct {
 	BootMode *string
+	// Firmware, when set, is FirmwareBIOS or FirmwareUEFI.
+	Firmware *string
 	// SetBMC replaces the BMC with BMC (nil removes it).
 	SetBMC  bool
 	BMC     *MachineBMC

@@ -19,7 +19,7 @@ const DBFile = "better-compute.db"
 // migrations bring a database from PRAGMA user_version i to i+1; a new
 // database runs them all. Each is append-only: a released migration is
 // never edited.
-var migrations = []string{schemaV1, schemaV2}
+var migrations = []string{schemaV1, schemaV2, schemaV3}
 
 // schemaVersion is PRAGMA user_version of a database this build has migrated.
 var schemaVersion = len(migrations)
@@ -180,6 +180,42 @@ CREATE TABLE boot_nonces (
 	used_by     TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX boot_nonces_expiry ON boot_nonces(expires_at);
+`
+
+// schemaV3 adds the machine lifecycle: a machine's firmware and current
+// deployment, the deployments the lifecycle controller runs, and look-ups of
+// a machine by its nodes.
+const schemaV3 = `
+ALTER TABLE machines ADD COLUMN firmware TEXT NOT NULL DEFAULT 'bios';
+ALTER TABLE machines ADD COLUMN deployment TEXT NOT NULL DEFAULT '';
+CREATE INDEX machines_node ON machines(node) WHERE node != '';
+CREATE INDEX machines_ramdisk_node ON machines(ramdisk_node) WHERE ramdisk_node != '';
+CREATE INDEX machines_state ON machines(state);
+CREATE TABLE deployments (
+	id              TEXT PRIMARY KEY,
+	machine_id      TEXT NOT NULL,
+	spec            TEXT NOT NULL,
+	step            TEXT NOT NULL DEFAULT '',
+	deadline        INTEGER,
+	boot_attempts   INTEGER NOT NULL DEFAULT 0,
+	deploy_attempts INTEGER NOT NULL DEFAULT 0,
+	deploy_failures INTEGER NOT NULL DEFAULT 0,
+	bmc_attempts    INTEGER NOT NULL DEFAULT 0,
+	command_id      TEXT NOT NULL DEFAULT '',
+	ramdisk_node    TEXT NOT NULL DEFAULT '',
+	node_id         TEXT NOT NULL DEFAULT '',
+	token_id        TEXT NOT NULL DEFAULT '',
+	lost_at         INTEGER,
+	node_session    INTEGER NOT NULL DEFAULT 0,
+	node_boot_id    TEXT NOT NULL DEFAULT '',
+	outcome         TEXT NOT NULL DEFAULT '',
+	version         INTEGER NOT NULL DEFAULT 1,
+	created_at      INTEGER NOT NULL,
+	updated_at      INTEGER NOT NULL,
+	finished_at     INTEGER
+);
+CREATE INDEX deployments_machine ON deployments(machine_id, created_at);
+CREATE INDEX deployments_open ON deployments(created_at) WHERE finished_at IS NULL;
 `
 
 // sqliteStore is the SQLite Store.

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/better-compute/bcd/protocol"
@@ -36,24 +37,28 @@ func scanCommand(sc interface{ Scan(...any) error }) (Command, error) {
 }
 
 func (s *sqliteStore) CreateCommand(ctx context.Context, c Command) error {
-	err := s.tx(ctx, func(tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, `INSERT INTO commands (`+commandColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-			c.ID, c.NodeID, c.Kind, nullJSON(c.Params), c.State, c.Reason, c.Message, nullJSON(c.Progress), nullJSON(c.Result),
-			ms(c.CreatedAt), ms(c.UpdatedAt), ms(c.SentAt), c.MachineID); err != nil {
-			return err
-		}
-		if c.MachineID == "" {
-			return nil
-		}
-		// The params stay off the timeline: a deploy's carry a join token.
-		data, _ := json.Marshal(map[string]string{"kind": c.Kind, "node": c.NodeID})
-		return addMachineEvent(ctx, tx, MachineEvent{MachineID: c.MachineID, Time: c.CreatedAt, Kind: MachineEventCommand,
-			Message: c.Kind + " for node " + c.NodeID, NodeID: c.NodeID, CommandID: c.ID, Data: data})
-	})
+	err := s.tx(ctx, func(tx *sql.Tx) error { return insertCommand(ctx, tx, c) })
 	if isConstraint(err) {
 		return fmt.Errorf("store: command %s: %w", c.ID, ErrExists)
 	}
 	return wrap("create command", err)
+}
+
+// insertCommand writes a command and, for one about a machine, its event on
+// the machine's timeline, within tx.
+func insertCommand(ctx context.Context, tx *sql.Tx, c Command) error {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO commands (`+commandColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		c.ID, c.NodeID, c.Kind, nullJSON(c.Params), c.State, c.Reason, c.Message, nullJSON(c.Progress), nullJSON(c.Result),
+		ms(c.CreatedAt), ms(c.UpdatedAt), ms(c.SentAt), c.MachineID); err != nil {
+		return err
+	}
+	if c.MachineID == "" {
+		return nil
+	}
+	// The params stay off the timeline: a deploy's carry a join token.
+	data, _ := json.Marshal(map[string]string{"kind": c.Kind, "node": c.NodeID})
+	return addMachineEvent(ctx, tx, MachineEvent{MachineID: c.MachineID, Time: c.CreatedAt, Kind: MachineEventCommand,
+		Message: c.Kind + " for node " + c.NodeID, NodeID: c.NodeID, CommandID: c.ID, Data: data})
 }
 
 func (s *sqliteStore) GetCommand(ctx context.Context, id string) (Command, error) {
@@ -122,11 +127,19 @@ func (s *sqliteStore) ApplyStatus(ctx context.Context, u StatusUpdate) (bool, er
 			}
 		}
 		if u.State == prev {
-			var last sql.NullInt64
-			if err := tx.QueryRowContext(ctx, `SELECT max(time) FROM machine_events WHERE command_id = ?`, u.CommandID).Scan(&last); err != nil {
+			// The first report with progress is kept whatever came just
+			// before it (a deploy's "started"), so the timeline has the
+			// transfer from its start.
+			var last int64
+			var lastData sql.NullString
+			err := tx.QueryRowContext(ctx, `SELECT time, data FROM machine_events WHERE command_id = ? ORDER BY id DESC LIMIT 1`,
+				u.CommandID).Scan(&last, &lastData)
+			switch {
+			case errors.Is(err, sql.ErrNoRows):
+			case err != nil:
 				return err
-			}
-			if last.Valid && u.At.Sub(fromMS(last)) < progressEvery {
+			case len(u.Progress) > 0 && !strings.Contains(lastData.String, `"progress"`):
+			case u.At.Sub(time.UnixMilli(last)) < progressEvery:
 				return nil
 			}
 		}

@@ -13,7 +13,7 @@ import (
 
 const machineColumns = `id, name, site, boot_mode, bmc_address, bmc_port, bmc_username, bmc_password, bmc_cipher_suite,
 	state, state_reason, state_changed_at, ramdisk_node, node, inventory, inventory_at, approved, last_boot_stage,
-	last_boot_at, created_at, updated_at,
+	last_boot_at, created_at, updated_at, firmware, deployment,
 	(SELECT group_concat(mac, ',' ORDER BY rowid) FROM machine_macs WHERE machine_id = machines.id)`
 
 func scanMachine(sc interface{ Scan(...any) error }) (Machine, error) {
@@ -23,7 +23,7 @@ func scanMachine(sc interface{ Scan(...any) error }) (Machine, error) {
 	var stateChanged, inventoryAt, lastBoot, created, updated sql.NullInt64
 	if err := sc.Scan(&m.ID, &name, &m.Site, &m.BootMode, &bmc.Address, &bmc.Port, &bmc.Username, &bmc.Password, &bmc.CipherSuite,
 		&m.State, &m.StateReason, &stateChanged, &m.RamdiskNode, &m.Node, &inventory, &inventoryAt, &m.Approved,
-		&m.LastBootStage, &lastBoot, &created, &updated, &macs); err != nil {
+		&m.LastBootStage, &lastBoot, &created, &updated, &m.Firmware, &m.Deployment, &macs); err != nil {
 		return Machine{}, err
 	}
 	m.Name = name.String
@@ -68,10 +68,14 @@ func (s *sqliteStore) CreateMachine(ctx context.Context, m Machine) error {
 			}
 		}
 		args := append([]any{m.ID, nullString(m.Name), m.Site, m.BootMode}, bmcColumns(m.BMC)...)
-		args = append(args, m.State, m.StateReason, ms(m.StateChangedAt), m.Approved, ms(m.CreatedAt), ms(m.UpdatedAt))
+		firmware := m.Firmware
+		if firmware == "" {
+			firmware = FirmwareBIOS
+		}
+		args = append(args, m.State, m.StateReason, ms(m.StateChangedAt), m.Approved, ms(m.CreatedAt), ms(m.UpdatedAt), firmware)
 		_, err := tx.ExecContext(ctx, `INSERT INTO machines (id, name, site, boot_mode, bmc_address, bmc_port, bmc_username,
-			bmc_password, bmc_cipher_suite, state, state_reason, state_changed_at, approved, created_at, updated_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, args...)
+			bmc_password, bmc_cipher_suite, state, state_reason, state_changed_at, approved, created_at, updated_at, firmware)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, args...)
 		switch {
 		case isForeignKey(err):
 			return fmt.Errorf("site %q: %w", m.Site, ErrNotFound)
@@ -157,6 +161,11 @@ func (s *sqliteStore) UpdateMachine(ctx context.Context, id string, u MachineUpd
 			}
 			spec = true
 		}
+		if u.Firmware != nil {
+			if _, err := tx.ExecContext(ctx, `UPDATE machines SET firmware = ? WHERE id = ?`, *u.Firmware, id); err != nil {
+				return err
+			}
+		}
 		if u.SetBMC {
 			args := append(bmcColumns(u.BMC), id)
 			if _, err := tx.ExecContext(ctx, `UPDATE machines SET bmc_address = ?, bmc_port = ?, bmc_username = ?,
@@ -200,9 +209,16 @@ func (s *sqliteStore) DeleteMachine(ctx context.Context, id string) error {
 		if err := tx.QueryRowContext(ctx, `SELECT site FROM machines WHERE id = ?`, id).Scan(&site); err != nil {
 			return err
 		}
+		// A deployment's unused token goes with it: nobody may join as the
+		// node of a machine that is gone.
+		if _, err := tx.ExecContext(ctx, `UPDATE join_tokens SET revoked_at = ? WHERE machine_id = ? AND used_at IS NULL
+			AND revoked_at IS NULL`, ms(time.Now()), id); err != nil {
+			return err
+		}
 		for _, q := range []string{
 			`DELETE FROM machine_macs WHERE machine_id = ?`,
 			`DELETE FROM machine_events WHERE machine_id = ?`,
+			`DELETE FROM deployments WHERE machine_id = ?`,
 			`DELETE FROM machines WHERE id = ?`,
 		} {
 			if _, err := tx.ExecContext(ctx, q, id); err != nil {
@@ -360,8 +376,8 @@ func consumeNonce(ctx context.Context, tx *sql.Tx, h token.Hash, nodeID string, 
 // deleted meanwhile does not stop that join.
 func bindMachine(ctx context.Context, tx *sql.Tx, a Admission) error {
 	n := a.Node
-	var ramdisk string
-	err := tx.QueryRowContext(ctx, `SELECT ramdisk_node FROM machines WHERE id = ?`, a.Machine).Scan(&ramdisk)
+	var ramdisk, installed string
+	err := tx.QueryRowContext(ctx, `SELECT ramdisk_node, node FROM machines WHERE id = ?`, a.Machine).Scan(&ramdisk, &installed)
 	switch {
 	case errors.Is(err, sql.ErrNoRows) && n.Role == "ramdisk":
 		return fmt.Errorf("machine %s: %w", a.Machine, ErrNoMachine)
@@ -386,9 +402,13 @@ func bindMachine(ctx context.Context, tx *sql.Tx, a Admission) error {
 			n.ID, ms(a.Now), a.Machine); err != nil {
 			return err
 		}
-		// The ramdisk that wrote the OS is gone once the OS runs.
-		if ramdisk != "" {
-			if err := deleteNode(ctx, tx, ramdisk, a.Now, "the machine's installed OS joined"); err != nil &&
+		// The ramdisk that wrote the OS is gone once the OS runs, and so is
+		// the OS an earlier deployment installed: its disk was overwritten.
+		for _, old := range []string{ramdisk, installed} {
+			if old == "" || old == n.ID {
+				continue
+			}
+			if err := deleteNode(ctx, tx, old, a.Now, "the machine's installed OS joined"); err != nil &&
 				!errors.Is(err, ErrNodeDeleted) && !errors.Is(err, sql.ErrNoRows) {
 				return err
 			}

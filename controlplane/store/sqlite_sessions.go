@@ -50,6 +50,16 @@ func (s *sqliteStore) CloseAllSessions(ctx context.Context, at time.Time) error 
 	}))
 }
 
+func (s *sqliteStore) GetSession(ctx context.Context, id int64) (Session, error) {
+	var se Session
+	var connected, disconnected sql.NullInt64
+	err := s.r.QueryRowContext(ctx, `SELECT id, node_id, role, daemon_version, boot_id, protocol_version, remote_addr,
+		connected_at, disconnected_at FROM node_sessions WHERE id = ?`, id).Scan(&se.ID, &se.NodeID, &se.Role, &se.DaemonVersion,
+		&se.BootID, &se.ProtocolVersion, &se.RemoteAddr, &connected, &disconnected)
+	se.ConnectedAt, se.DisconnectedAt = fromMS(connected), fromMS(disconnected)
+	return se, wrap("session", err)
+}
+
 func (s *sqliteStore) AddEvent(ctx context.Context, e Event) error {
 	var session any
 	if e.SessionID != 0 {

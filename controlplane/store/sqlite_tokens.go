@@ -25,10 +25,20 @@ func scanToken(sc interface{ Scan(...any) error }) (Token, error) {
 	return t, nil
 }
 
-func (s *sqliteStore) CreateToken(ctx context.Context, t Token) error {
-	_, err := s.w.ExecContext(ctx, `INSERT INTO join_tokens (`+tokenColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+// execer is a *sql.DB or a *sql.Tx.
+type execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+func insertToken(ctx context.Context, db execer, t Token) error {
+	_, err := db.ExecContext(ctx, `INSERT INTO join_tokens (`+tokenColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		t.ID, t.Hash[:], t.Pool, t.Site, t.Role, t.NodeID, t.AllowReclaim,
 		ms(t.CreatedAt), ms(t.ExpiresAt), ms(t.UsedAt), t.UsedBy, ms(t.RevokedAt), t.MachineID)
+	return err
+}
+
+func (s *sqliteStore) CreateToken(ctx context.Context, t Token) error {
+	err := insertToken(ctx, s.w, t)
 	switch {
 	case isForeignKey(err):
 		return fmt.Errorf("store: site %q: %w", t.Site, ErrNotFound)

@@ -259,6 +259,8 @@ type Sessions interface {
 	// CloseAllSessions ends every session still open, for a gateway that
 	// starts after a crash.
 	CloseAllSessions(ctx context.Context, at time.Time) error
+	// GetSession returns a session, open or closed.
+	GetSession(ctx context.Context, id int64) (Session, error)
 	// AddEvent stores an event.
 	AddEvent(ctx context.Context, e Event) error
 }
@@ -296,5 +298,6 @@ type Store interface {
 	Operators
 	Machines
 	BootNonces
+	Deployments
 	Close() error
 }

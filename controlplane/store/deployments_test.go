@@ -1,0 +1,189 @@
+package store
+
+import (
+	"database/sql"
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/better-compute/bcd/controlplane/ids"
+	"github.com/better-compute/bcd/controlplane/token"
+	"github.com/better-compute/bcd/protocol"
+)
+
+func TestMigrateFromVersion2(t *testing.T) {
+	path := filepath.Join(t.TempDir(), DBFile)
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{schemaV1, schemaV2, "PRAGMA user_version = 2",
+		`INSERT INTO sites (name, created_at) VALUES ('fsn1', 1)`,
+		`INSERT INTO machines (id, site, state, state_changed_at, created_at, updated_at) VALUES ('m_1', 'fsn1', 'registered', 1, 1, 1)`,
+	} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db.Close()
+	s, err := OpenSQLiteFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	m, err := s.GetMachine(ctx, "m_1")
+	if err != nil || m.Firmware != FirmwareBIOS || m.Deployment != "" {
+		t.Errorf("migrated machine %+v %v", m, err)
+	}
+	if ds, err := s.OpenDeployments(ctx); err != nil || len(ds) != 0 {
+		t.Errorf("deployments %v %v", ds, err)
+	}
+}
+
+func newDeployment(machine string, now time.Time) Deployment {
+	return Deployment{ID: ids.New(ids.PrefixDeployment, now), MachineID: machine, Step: "bootdev",
+		Spec: DeploySpec{Image: protocol.DeployImage{URL: "https://x.test/os.raw", SHA256: strings.Repeat("a", 64), Size: 1}, After: "kexec", Pool: "default"}}
+}
+
+func TestDeployments(t *testing.T) {
+	s := openTest(t)
+	s.CreateSite(ctx, Site{Name: "fsn1", CreatedAt: time.Now()})
+	m := newMachine("m_1", "fsn1", "52:54:00:00:00:01")
+	m.Firmware = FirmwareUEFI
+	if err := s.CreateMachine(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	site0, _ := s.GetSite(ctx, "fsn1")
+	now := time.Now().Truncate(time.Millisecond)
+	mode := protocol.BootRamdisk
+	d, err := s.StartDeployment(ctx, newDeployment(m.ID, now), DeploymentChange{State: MachinePXEBooting, Reason: "deploying", BootMode: &mode, At: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := s.GetMachine(ctx, m.ID)
+	site1, _ := s.GetSite(ctx, "fsn1")
+	if got.State != MachinePXEBooting || got.StateReason != "deploying" || got.Deployment != d.ID || got.BootMode != protocol.BootRamdisk ||
+		got.Firmware != FirmwareUEFI || site1.SpecRevision != site0.SpecRevision+1 || d.Version != 1 {
+		t.Errorf("after start: %+v (spec %d → %d) %+v", got, site0.SpecRevision, site1.SpecRevision, d)
+	}
+	if _, err := s.StartDeployment(ctx, newDeployment(m.ID, now), DeploymentChange{State: MachinePXEBooting, At: now}); !errors.Is(err, ErrDeploymentActive) {
+		t.Errorf("a second deployment: %v", err)
+	}
+	if _, err := s.StartDeployment(ctx, newDeployment("m_gone", now), DeploymentChange{At: now}); !errors.Is(err, ErrNotFound) {
+		t.Errorf("a deployment of no machine: %v", err)
+	}
+
+	// A step: a token and a command with the deployment, in one go.
+	j := token.NewJoin(now)
+	tok := Token{ID: j.ID, Hash: j.Hash, Pool: "default", Site: "fsn1", Role: "node", NodeID: "n_os", MachineID: m.ID, CreatedAt: now, ExpiresAt: now.Add(time.Hour)}
+	cmd := Command{ID: ids.New(ids.PrefixCommand, now), NodeID: "n_rd", MachineID: m.ID, Kind: protocol.KindDeployImage, State: CommandPending,
+		CreatedAt: now, UpdatedAt: now}
+	next := d
+	next.Step, next.CommandID, next.TokenID, next.NodeID, next.DeployAttempts = "deploy", cmd.ID, tok.ID, "n_os", 1
+	next.Deadline = now.Add(time.Minute)
+	next, err = s.AdvanceDeployment(ctx, next, DeploymentChange{State: MachineDeploying, Reason: "deploy.image", Tokens: []Token{tok},
+		Commands: []Command{cmd}, Events: []MachineEvent{{Kind: "lifecycle", Message: "note"}}, At: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next.Version != 2 {
+		t.Errorf("version %d", next.Version)
+	}
+	if _, err := s.GetToken(ctx, tok.ID); err != nil {
+		t.Errorf("token: %v", err)
+	}
+	if c, err := s.GetCommand(ctx, cmd.ID); err != nil || c.MachineID != m.ID {
+		t.Errorf("command %+v %v", c, err)
+	}
+	stored, err := s.GetDeployment(ctx, d.ID)
+	if err != nil || stored.Step != "deploy" || !stored.Deadline.Equal(now.Add(time.Minute)) || stored.TokenID != tok.ID || stored.Version != 2 ||
+		stored.Spec.Pool != "default" || stored.Finished() {
+		t.Errorf("stored %+v %v", stored, err)
+	}
+	// A write of the version before is refused.
+	if _, err := s.AdvanceDeployment(ctx, d, DeploymentChange{State: MachineFailed, At: now}); !errors.Is(err, ErrConflict) {
+		t.Errorf("stale write: %v", err)
+	}
+	evs, _ := s.MachineEvents(ctx, m.ID, 0)
+	var k []string
+	for _, e := range evs {
+		k = append(k, e.Kind)
+	}
+	if strings.Join(k, ",") != "machine.added,state,state,lifecycle,command" {
+		t.Errorf("timeline %v", k)
+	}
+	if evs[2].Message != "deploying: deploy.image" || !strings.Contains(string(evs[2].Data), `"from":"pxe-booting","to":"deploying"`) {
+		t.Errorf("state event %+v %s", evs[2], evs[2].Data)
+	}
+	if ds, _ := s.OpenDeployments(ctx); len(ds) != 1 || ds[0].ID != d.ID {
+		t.Errorf("open %+v", ds)
+	}
+
+	// Finished: the token revoked, and another deployment may start.
+	fin, err := s.AdvanceDeployment(ctx, next, DeploymentChange{State: MachineFailed, Reason: "x", RevokeTokens: []string{tok.ID}, Finish: "failed", At: now})
+	if err != nil || !fin.Finished() || fin.Outcome != "failed" {
+		t.Fatalf("finish %+v %v", fin, err)
+	}
+	if tk, _ := s.GetToken(ctx, tok.ID); tk.RevokedAt.IsZero() {
+		t.Error("the token was not revoked")
+	}
+	if ds, _ := s.OpenDeployments(ctx); len(ds) != 0 {
+		t.Errorf("open after finish %+v", ds)
+	}
+	if _, err := s.StartDeployment(ctx, newDeployment(m.ID, now), DeploymentChange{State: MachinePXEBooting, At: now}); err != nil {
+		t.Errorf("a deployment after the first ended: %v", err)
+	}
+	if ms, err := s.ListMachinesInState(ctx, MachinePXEBooting); err != nil || len(ms) != 1 {
+		t.Errorf("in state: %v %v", ms, err)
+	}
+
+	// Deleting the machine takes its deployments along.
+	if err := s.DeleteMachine(ctx, m.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.GetDeployment(ctx, d.ID); !errors.Is(err, ErrNotFound) {
+		t.Errorf("deployment of a deleted machine: %v", err)
+	}
+}
+
+func TestFindMachineByNodeAndRetire(t *testing.T) {
+	s := openTest(t)
+	s.CreateSite(ctx, Site{Name: "fsn1", CreatedAt: time.Now()})
+	s.CreateMachine(ctx, newMachine("m_1", "fsn1", "52:54:00:00:00:01"))
+	admit := func(id, role string) {
+		t.Helper()
+		if err := s.Admit(ctx, Admission{Node: Node{ID: id, Role: role, Site: "fsn1", SPIFFEID: "x", CertSerial: id, CertNotAfter: time.Now().Add(time.Hour),
+			State: "adopting"}, Machine: "m_1", Now: time.Now()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	admit("n_rd1", "ramdisk")
+	if m, err := s.FindMachineByNode(ctx, "n_rd1"); err != nil || m.ID != "m_1" {
+		t.Errorf("by ramdisk: %+v %v", m, err)
+	}
+	admit("n_os1", "node")
+	if m, err := s.FindMachineByNode(ctx, "n_os1"); err != nil || m.ID != "m_1" || m.RamdiskNode != "" {
+		t.Errorf("by node: %+v %v", m, err)
+	}
+	// A second deployment: its OS retires the first's.
+	admit("n_rd2", "ramdisk")
+	admit("n_os2", "node")
+	if n, _ := s.GetNode(ctx, "n_os1"); !n.Deleted() {
+		t.Error("the earlier installed OS's node was not retired")
+	}
+	if n, _ := s.GetNode(ctx, "n_os2"); n.Deleted() {
+		t.Error("the new node was retired")
+	}
+	if _, err := s.FindMachineByNode(ctx, "n_none"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("unknown node: %v", err)
+	}
+	if se, err := s.GetSession(ctx, 99); !errors.Is(err, ErrNotFound) {
+		t.Errorf("unknown session: %+v %v", se, err)
+	}
+	id, _ := s.OpenSession(ctx, Session{NodeID: "n_os2", Role: "node", BootID: "b1", ConnectedAt: time.Now()})
+	if se, err := s.GetSession(ctx, id); err != nil || se.BootID != "b1" || se.NodeID != "n_os2" {
+		t.Errorf("session %+v %v", se, err)
+	}
+}
