@@ -12,5 +12,8 @@
 //	journal.db     the journal (or [journal] path)
 //
 // Nothing here listens on a network port: every connection an agent makes starts
-// with it, outbound, and is checked against serving_ca_spki_pin.
+// with it, outbound, and is checked against serving_ca_spki_pin. The join client
+// and the session can reach the gateway through an HTTP proxy (ProxyDialer): a
+// CONNECT tunnel that carries the TLS end to end, as the ramdisk does through its
+// site agent (bcd.proxy).
 package agent

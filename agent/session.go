@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -55,6 +56,9 @@ type Session struct {
 	GatewayURL   string
 	ServerName   string
 	ServingCAPin string
+	// Proxy, when set, is an HTTP proxy (http://host:port) the session reaches the
+	// gateway through with CONNECT, as the ramdisk does through its site agent.
+	Proxy *url.URL
 	// Identity is the node certificate and key the session authenticates with.
 	Identity *Identity
 	// Journal holds every status and event until the gateway acknowledges it.
@@ -178,9 +182,10 @@ func (s *Session) httpClient() (*http.Client, error) {
 	}
 	return &http.Client{Transport: &http.Transport{
 		TLSClientConfig:     cfg,
-		DialContext:         (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		DialContext:         ProxyDialer(s.Proxy, &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}),
 		TLSHandshakeTimeout: 15 * time.Second,
-		// A WebSocket is HTTP/1.1; the agent talks to the gateway directly.
+		// A WebSocket is HTTP/1.1; the agent talks to the gateway directly, or
+		// through a CONNECT tunnel that carries the TLS end to end.
 		ForceAttemptHTTP2: false,
 	}}, nil
 }
@@ -513,4 +518,44 @@ func (s *Session) sendLocked(typ string, v any) {
 	if err := writeFrame(ctx, s.conn, typ, v); err != nil {
 		s.log().Debug("send failed; the journal replays it after reconnecting", "type", typ, "error", err.Error())
 	}
+}
+
+// Flush waits until the gateway has acknowledged every status and event journaled
+// before the call, or ctx ends. A command that takes the machine down (kexec, reboot,
+// power off) flushes first: once the machine is gone, nothing replays the journal.
+func (s *Session) Flush(ctx context.Context) error {
+	pending, err := s.Journal.Pending()
+	if err != nil {
+		return err
+	}
+	if len(pending) == 0 {
+		return nil
+	}
+	last := pending[len(pending)-1].Seq
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		pending, err := s.Journal.Pending()
+		if err != nil {
+			return err
+		}
+		if len(pending) == 0 || pending[0].Seq > last {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%d statuses and events still unacknowledged: %w", countUpTo(pending, last), ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+func countUpTo(entries []journal.Entry, seq uint64) int {
+	n := 0
+	for _, e := range entries {
+		if e.Seq <= seq {
+			n++
+		}
+	}
+	return n
 }

@@ -12,7 +12,7 @@ set -eu
 packages="ca-certificates openssl curl iproute2 shellcheck dash busybox-static systemd tftp-hpa
 qemu-system-x86 qemu-utils ipxe-qemu ipxe ovmf swtpm swtpm-tools openipmi ipmitool dnsmasq-base
 kmod cpio xz-utils zstd e2fsprogs mtools dosfstools gdisk parted nvme-cli hdparm kexec-tools socat
-syslinux syslinux-common systemd-boot-efi binutils
+syslinux syslinux-common systemd-boot-efi binutils udev
 ${BCD_DEPS:-}"
 
 missing=""

@@ -45,6 +45,14 @@ func (n *Netns) Command(name string, args ...string) *exec.Cmd {
 	return exec.Command("ip", append([]string{"netns", "exec", n.Name, name}, args...)...)
 }
 
+// CommandSameMounts returns a command that runs in the namespace's network only.
+// ip netns exec also gives the command a fresh /sys, which hides the cgroup tree
+// (/sys/fs/cgroup) a site agent prepares its plugins' cgroups in; nsenter --net
+// keeps this process's mounts.
+func (n *Netns) CommandSameMounts(name string, args ...string) *exec.Cmd {
+	return exec.Command("nsenter", append([]string{"--net=/var/run/netns/" + n.Name, "--", name}, args...)...)
+}
+
 // Run runs a command inside the namespace and returns its output in the error.
 func (n *Netns) Run(name string, args ...string) error {
 	out, err := n.Command(name, args...).CombinedOutput()

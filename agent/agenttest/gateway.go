@@ -30,6 +30,14 @@ type Token struct {
 	NodeID string
 }
 
+// Nonce is a boot nonce the site minted for a machine: what the discovery attestor
+// accepts once, from a join whose claims list MAC.
+type Nonce struct {
+	MAC, Site string
+	// NodeID, when set, is the node the ramdisk joins as; else ramdisk_<n>.
+	NodeID string
+}
+
 // Gateway is the fake. Set its hooks before the agent talks to it.
 type Gateway struct {
 	// URL is https://127.0.0.1:<port>.
@@ -45,6 +53,9 @@ type Gateway struct {
 
 	// Tokens are the valid join tokens; each may be used once.
 	Tokens map[string]Token
+	// Nonces are the valid boot nonces for discovery joins; each may be used once
+	// (a deferred join does not use it up).
+	Nonces map[string]Nonce
 	// Defer answers that many join requests with a deferral first.
 	Defer int
 	// Unavailable answers that many join requests with 503 UNAVAILABLE first.
@@ -88,7 +99,7 @@ func NewFromBundle(t testing.TB, b *pki.Bundle) *Gateway {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := &Gateway{Bundle: b, Pins: b.Public.Pins(), JWK: b.Public.JoinEncryptionJWK, Tokens: map[string]Token{}}
+	g := &Gateway{Bundle: b, Pins: b.Public.Pins(), JWK: b.Public.JoinEncryptionJWK, Tokens: map[string]Token{}, Nonces: map[string]Nonce{}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+protocol.PathJoin, g.join)
 	mux.HandleFunc("GET "+protocol.PathSession, g.session)
@@ -175,6 +186,10 @@ func (g *Gateway) join(w http.ResponseWriter, r *http.Request) {
 		refuse(w, 400, protocol.CodeInvalidInput, err.Error(), false)
 		return
 	}
+	if req.Attestor == protocol.AttestorDiscovery {
+		g.discover(w, req, csr)
+		return
+	}
 	plain, err := pki.Open(g.Bundle.JoinEncryptionKey, req.SealedToken)
 	if err != nil {
 		refuse(w, 400, protocol.CodeInvalidInput, "sealed token does not open", false)
@@ -209,6 +224,44 @@ func (g *Gateway) join(w http.ResponseWriter, r *http.Request) {
 		refuse(w, 403, protocol.CodeAttestorRefused, "the token is for another node", false)
 		return
 	}
+	g.issue(w, req, csr, nodeID, tok.Site, tok.Pool)
+}
+
+// discover is the discovery attestor: a ramdisk with a nonce the site minted for
+// one of its MACs.
+func (g *Gateway) discover(w http.ResponseWriter, req protocol.JoinRequest, csr *x509.CertificateRequest) {
+	if req.Role != protocol.RoleRamdisk {
+		refuse(w, 403, protocol.CodeWrongRole, "discovery joins role ramdisk only", false)
+		return
+	}
+	if req.SealedToken != "" {
+		refuse(w, 400, protocol.CodeInvalidInput, "a discovery join carries no token", false)
+		return
+	}
+	g.mu.Lock()
+	n, ok := g.Nonces[req.BootNonce]
+	match := false
+	for _, m := range req.Claims.MACs {
+		match = match || m == n.MAC
+	}
+	if ok && match {
+		delete(g.Nonces, req.BootNonce)
+	}
+	nodeID := n.NodeID
+	if nodeID == "" {
+		g.nextNode++
+		nodeID = fmt.Sprintf("ramdisk_%d", g.nextNode)
+	}
+	g.mu.Unlock()
+	if !ok || !match {
+		refuse(w, 403, protocol.CodeAttestorRefused, "no boot nonce was minted for this machine", false)
+		return
+	}
+	g.issue(w, req, csr, nodeID, n.Site, "")
+}
+
+// issue answers a join that passed its attestor with a signed result.
+func (g *Gateway) issue(w http.ResponseWriter, req protocol.JoinRequest, csr *x509.CertificateRequest, nodeID, site, pool string) {
 	der, err := g.Bundle.IssueNodeCert(csr, req.Role, nodeID, 24*time.Hour)
 	if err != nil {
 		refuse(w, 500, protocol.CodeInternal, err.Error(), false)
@@ -218,8 +271,8 @@ func (g *Gateway) join(w http.ResponseWriter, r *http.Request) {
 		ProtocolVersion: protocol.Version,
 		NodeID:          nodeID,
 		Role:            req.Role,
-		Site:            tok.Site,
-		Pool:            tok.Pool,
+		Site:            site,
+		Pool:            pool,
 		SPIFFEID:        pki.SPIFFEID(g.Bundle.Public.TrustDomain, req.Role, nodeID),
 		CSRSHA256:       pki.CSRSHA256(csr.Raw),
 		CertChain:       []string{string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))},

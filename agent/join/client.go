@@ -11,7 +11,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -81,6 +83,13 @@ type Client struct {
 	MaxDeferral time.Duration
 	// Logger receives retries and deferrals; nil discards them.
 	Logger *slog.Logger
+	// Proxy, when set, is an HTTP proxy (http://host:port) the join reaches the
+	// gateway through with CONNECT (the ramdisk's bcd.proxy).
+	Proxy *url.URL
+	// OnDeferral, if set, is called before each wait a deferral asks for, with the
+	// wait and the number of deferrals so far: the ramdisk tells its console that
+	// the machine waits for an operator's approval.
+	OnDeferral func(wait time.Duration, deferrals int)
 }
 
 func (c *Client) log() *slog.Logger {
@@ -93,16 +102,27 @@ func (c *Client) log() *slog.Logger {
 // Join makes a key and CSR and runs the join to its end: a verified identity (not
 // yet saved), a refusal, or an error after retries.
 func (c *Client) Join(ctx context.Context, req Request) (*agent.Identity, *ecdsa.PrivateKey, error) {
-	if err := pki.MatchPin(c.Pins.JoinEncryption, c.EncryptionKey); err != nil {
-		return nil, nil, fmt.Errorf("refusing to seal the token: the join encryption key does not match join_encryption_key_pin: %w", err)
+	if err := checkRequest(req); err != nil {
+		return nil, nil, err
+	}
+	// Only a token is sealed: a discovery join carries nothing secret, so it needs
+	// no encryption key (the ramdisk has only the pin).
+	if req.Token != "" {
+		if err := pki.MatchPin(c.Pins.JoinEncryption, c.EncryptionKey); err != nil {
+			return nil, nil, fmt.Errorf("refusing to seal the token: the join encryption key does not match join_encryption_key_pin: %w", err)
+		}
 	}
 	tlsCfg, err := agent.PinnedTLSConfig(c.Pins.ServingCA, c.ServerName)
 	if err != nil {
 		return nil, nil, err
 	}
 	client := &http.Client{
-		Timeout:   requestTimeout,
-		Transport: &http.Transport{TLSClientConfig: tlsCfg, TLSHandshakeTimeout: 15 * time.Second},
+		Timeout: requestTimeout,
+		Transport: &http.Transport{
+			TLSClientConfig:     tlsCfg,
+			TLSHandshakeTimeout: 15 * time.Second,
+			DialContext:         agent.ProxyDialer(c.Proxy, &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}),
+		},
 		// A join answers itself; a redirect would take the request somewhere
 		// the pin was not meant for.
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
@@ -128,7 +148,7 @@ func (c *Client) Join(ctx context.Context, req Request) (*agent.Identity, *ecdsa
 		maxDefer = DefaultMaxDeferral
 	}
 	failingSince := time.Time{}
-	attempt := 0
+	attempt, deferrals := 0, 0
 	for {
 		// Sealed afresh for each attempt so its iat is current; the CSR stays
 		// the same, so a deferred join picks up where it was approved.
@@ -145,7 +165,11 @@ func (c *Client) Join(ctx context.Context, req Request) (*agent.Identity, *ecdsa
 			if d > maxDefer {
 				d = maxDefer
 			}
+			deferrals++
 			c.log().Info("the control plane deferred the join; asking again with the same CSR", "retry_in", d.String())
+			if c.OnDeferral != nil {
+				c.OnDeferral(d, deferrals)
+			}
 			if !agent.Sleep(ctx, d) {
 				return nil, nil, ctx.Err()
 			}
@@ -173,6 +197,30 @@ func (c *Client) Join(ctx context.Context, req Request) (*agent.Identity, *ecdsa
 			return nil, nil, err
 		}
 	}
+}
+
+// checkRequest refuses a request whose attestor and credentials do not go together,
+// before a key is made or anything is sent. The ramdisk role joins only through
+// discovery: a boot nonce and its MACs, no token.
+func checkRequest(req Request) error {
+	switch req.Attestor {
+	case protocol.AttestorDiscovery:
+		switch {
+		case req.Role != protocol.RoleRamdisk:
+			return fmt.Errorf("join: the discovery attestor joins role ramdisk, not %q", req.Role)
+		case req.BootNonce == "":
+			return errors.New("join: the discovery attestor needs the boot nonce")
+		case req.Token != "":
+			return errors.New("join: the discovery attestor takes no token")
+		case len(req.Claims.MACs) == 0:
+			return errors.New("join: the discovery attestor needs the machine's MACs in the claims")
+		}
+	default:
+		if req.Role == protocol.RoleRamdisk {
+			return fmt.Errorf("join: role ramdisk joins with the discovery attestor, not %q", req.Attestor)
+		}
+	}
+	return nil
 }
 
 func (c *Client) request(req Request, csrPEM, csrSHA string) ([]byte, error) {

@@ -1,0 +1,69 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/better-compute/bcd/agent"
+	"github.com/better-compute/bcd/config"
+	"github.com/better-compute/bcd/internal/cli"
+	"github.com/better-compute/bcd/site"
+)
+
+// siteHooks lets tests point the proxyDHCP at loopback and shorten timings; the
+// binary leaves it nil.
+var siteHooks func(*site.Site)
+
+func newSiteCmd() *cobra.Command {
+	var path string
+	cmd := &cobra.Command{
+		Use:   "site",
+		Short: "Run the site agent: boot server, BMC commands and the boot network's HTTP proxy",
+		Long: `bcd site runs on a site's provisioning host after bcd join --role site. It keeps an
+outbound session to the gateway and applies the site's desired state: the boot table
+(served by the proxyDHCP, TFTP and HTTP boot servers of [boot]), the HTTP proxy of the
+boot network, and the BMC hosts that bmc.power, bmc.bootdev and bmc.inventory drive.
+It answers a JSON status on its unix socket (socket_path, GET /v1/status).
+Without a [boot] section it serves no PXE machine. The last spec is kept in
+<data_dir>/site-spec.json so a restart during a gateway outage keeps booting.`,
+		Args: cli.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cfg, err := config.Load(path, configOptions())
+			if err != nil {
+				if config.IsInvalid(err) {
+					return cli.Usagef("bcd site: %w", err)
+				}
+				return fmt.Errorf("bcd site: %w", err)
+			}
+			if err := site.CheckConfig(cfg); err != nil {
+				var ce *config.Error
+				if errors.As(err, &ce) {
+					ce.File = path
+				}
+				return cli.Usagef("bcd site: %w", err)
+			}
+			logger, err := agent.NewLogger(cmd.ErrOrStderr(), cfg.LogOrDefault())
+			if err != nil {
+				return cli.Usagef("bcd site: %w", err)
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			s := &site.Site{Config: cfg, Logger: logger}
+			if siteHooks != nil {
+				siteHooks(s)
+			}
+			err = s.Run(ctx)
+			if config.IsInvalid(err) {
+				return cli.Exit(2, err)
+			}
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&path, "config", config.DefaultPath, "config.toml")
+	return cmd
+}

@@ -1,0 +1,45 @@
+// Package deploy carries out the ramdisk's deploy.image: it streams a disk image
+// over HTTP(S) (raw, gzip, xz or zstd; qcow2 is refused as not implemented),
+// hashes the served bytes, and decompresses and writes them in one pass with
+// bounded memory: a reader runs ahead of the writers on a ring of 4 MiB buffers,
+// writes go out with O_DIRECT where the device takes it, and zero blocks are
+// skipped on a target zeroed first (BLKZEROOUT where the device offloads it, or a
+// fresh sparse file). The first MiB of the image (protective MBR and primary GPT)
+// is held back until the SHA-256 and the size check out, and any failure wipes the
+// first and last MiB of the disk, so a half-written image never boots.
+//
+// Once the image is good, Deploy re-reads the partition table (BLKRRPART, and its
+// own GPT reader, which works on image files and on kernels without partition
+// support), moves the backup GPT to the end of a disk larger than the image, and
+// finds:
+//
+//   - the root filesystem: root_partition if given; else the first partition of
+//     GPT type Linux root (x86-64 or arm64); else a Linux filesystem partition
+//     named "root" or whose ext label is "root"; else the ext filesystem holding
+//     /etc/os-release. It must be ext2/3/4 without a journal awaiting recovery.
+//   - the ESP: esp_partition if given, else the first partition of the ESP type
+//     (MBR type 0xef).
+//
+// It writes the params' files into them without mounting anything: debugfs for
+// ext2/3/4 (go-diskfs corrupts indexed directories) and mtools for FAT (FAT12,
+// FAT16 and FAT32), at the partitions' byte offsets in the whole disk. Missing
+// directories are made 0755 root; an existing file or symlink at a path is
+// replaced; e2fsck -fn checks the root filesystem afterwards.
+//
+// For a kexec it loads the installed kernel, read back the same way: after.kernel
+// and after.initrd when given; else a Boot Loader Specification entry on the ESP
+// (loader.conf's default, else the highest version; several initrds are
+// concatenated); else /boot/vmlinuz, /vmlinuz (Debian's symlinks, followed) or the
+// highest /boot/vmlinuz-VERSION with its initrd.img-VERSION or
+// initramfs-VERSION.img. The command line is after.cmdline, else the entry's
+// options, else /boot/bcd-cmdline or /etc/kernel/cmdline in the root filesystem,
+// else root=PARTUUID=<root> ro with the ramdisk's console= parameters. Unified
+// kernel images and GRUB configurations are not read. Deploy only loads the
+// kernel: the caller reports success, then Finish jumps (or reboots, or powers
+// off).
+//
+// Every tool runs from PATH (debugfs, e2fsck, mdir, mmd, mcopy, and xz when
+// present, else a pure-Go decoder); a missing one is an error naming it. Secrets
+// in the params (the join token) travel only in 0600 files inside a private temp
+// directory, never on a command line or in a log.
+package deploy

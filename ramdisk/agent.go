@@ -1,0 +1,410 @@
+package ramdisk
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/better-compute/bcd/agent"
+	"github.com/better-compute/bcd/agent/join"
+	"github.com/better-compute/bcd/agent/journal"
+	"github.com/better-compute/bcd/deploy"
+	"github.com/better-compute/bcd/internal/version"
+	"github.com/better-compute/bcd/protocol"
+)
+
+// DefaultDataDir holds the ramdisk's identity and journal: a tmpfs, so the identity
+// dies with the boot, as the boot nonce it was bought with does.
+const DefaultDataDir = "/run/bcd"
+
+// Defaults of Agent's tunables.
+const (
+	DefaultFlushTimeout = 30 * time.Second
+	// DefaultNetworkRetry is how long the gateway may stay unreachable before the
+	// network is brought up again (a lease on the wrong NIC, a switch port that
+	// came up late).
+	DefaultNetworkRetry = 2 * time.Minute
+	// joinGiveUp is the join client's own patience; the agent starts it again
+	// after, since a ramdisk has nothing better to do than keep trying.
+	joinGiveUp = 15 * time.Minute
+)
+
+// System is what the ramdisk needs of the machine before it can talk to anyone:
+// filesystems and kernel modules (Prepare), and an address (Network). HostSystem is
+// the real one; tests give one that does nothing.
+type System interface {
+	Prepare(ctx context.Context, log *slog.Logger) error
+	Network(ctx context.Context, log *slog.Logger) error
+}
+
+// Deployer runs deploy.image and what follows it; *deploy.Deployer is the real one.
+type Deployer interface {
+	Deploy(ctx context.Context, p protocol.DeployImageParams, progress func(deploy.Progress)) (deploy.Result, error)
+	// Finish carries out the result's After (kexec, reboot, power off). It
+	// returns only on failure, or at once for none.
+	Finish(deploy.Result) error
+}
+
+// InstalledLoader loads the kernel of an OS already on a disk for machine.kexec.
+// A Deployer that has it is used for machine.kexec; the Result's After is kexec.
+type InstalledLoader interface {
+	LoadInstalled(ctx context.Context, p protocol.MachineKexecParams) (deploy.Result, error)
+}
+
+// Agent is bcd ramdisk: it prepares the machine, joins through the discovery
+// attestor as role ramdisk, and runs the commands of its session until one takes
+// the machine down (kexec, reboot, power off). Params is required; every other
+// field has a default.
+type Agent struct {
+	// Params are the kernel command line's.
+	Params Params
+	// Logger is the console; nil discards. Once the agent runs, what it logs from
+	// Info up also goes to the control plane as events.
+	Logger *slog.Logger
+	// DataDir holds node.key, identity.json and journal.db; "" is DefaultDataDir.
+	DataDir string
+	// System prepares the machine; nil is &HostSystem{}.
+	System System
+	// Claims gathers the hardware claims; nil is the machine's (see Claims).
+	Claims func(context.Context) protocol.Claims
+	// Deployer runs deploy.image; nil is a *deploy.Deployer with Machine, fetching
+	// through bcd.proxy.
+	Deployer Deployer
+	// Machine kexecs, reboots and powers off; nil is deploy.HostMachine{}.
+	Machine deploy.Machine
+	// Disks lists the disks disk.wipe chooses from; nil is deploy.SysBlock{}.List.
+	Disks func() ([]deploy.Disk, error)
+	// Wipe wipes a disk for disk.wipe; nil is WipeDisk.
+	Wipe func(ctx context.Context, d deploy.Disk, mode string) (protocol.DiskWipeResult, error)
+	// DCGMI is the dcgmi binary; "" looks it up on PATH, "-" means there is none.
+	DCGMI string
+	// BootID reads the boot id; nil is agent.BootID.
+	BootID func() (string, error)
+	// AllowHTTP lets deploy.image fetch http:// images (a development build); an
+	// agent with a proxy allows them anyway, as the site's proxy is the only path.
+	AllowHTTP bool
+	// FlushTimeout bounds the wait for the gateway to acknowledge the last status
+	// before the machine goes down; 0 is DefaultFlushTimeout.
+	FlushTimeout time.Duration
+	// NetworkRetry: see DefaultNetworkRetry.
+	NetworkRetry time.Duration
+	// Backoff spaces reconnects and reachability probes; JoinBackoff and
+	// MaxDeferral tune the join (zero: defaults).
+	Backoff, JoinBackoff agent.Backoff
+	MaxDeferral          time.Duration
+	// PingInterval and PingTimeout tune the session (zero: defaults).
+	PingInterval, PingTimeout time.Duration
+
+	console  *slog.Logger // the console only: the session logs here
+	log      *slog.Logger // console and events
+	sink     *eventSink
+	session  *agent.Session
+	deployer Deployer
+	machine  deploy.Machine
+
+	// busy serializes the commands that touch disks or the machine.
+	busy     sync.Mutex
+	busyWith atomic.Value // string: the kind holding busy
+	// goingDown is set once a command has started taking the machine down.
+	goingDown atomic.Bool
+	// kexecLoaded records that a kernel is loaded for kexec in this boot.
+	kexecLoaded atomic.Bool
+	done        chan struct{}
+	doneOnce    sync.Once
+}
+
+func (a *Agent) dataDir() string {
+	if a.DataDir != "" {
+		return a.DataDir
+	}
+	return DefaultDataDir
+}
+
+// Run runs the ramdisk until ctx ends (an error), a refusal ends the join (an
+// error), or a command took the machine down and the machine returned (nil: only a
+// fake machine returns).
+func (a *Agent) Run(ctx context.Context) error {
+	a.console = a.Logger
+	if a.console == nil {
+		a.console = slog.New(slog.DiscardHandler)
+	}
+	a.sink = newEventSink()
+	defer a.sink.close()
+	a.log = slog.New(newForwardHandler(a.console.Handler(), a.sink))
+	a.done = make(chan struct{})
+	a.machine = a.Machine
+	if a.machine == nil {
+		a.machine = deploy.HostMachine{}
+	}
+	a.deployer = a.Deployer
+	if a.deployer == nil {
+		a.deployer = &deploy.Deployer{Proxy: a.Params.Proxy, AllowHTTP: a.AllowHTTP || a.Params.Proxy != nil,
+			Machine: a.machine, Log: a.log}
+	}
+	sys := a.System
+	if sys == nil {
+		sys = &HostSystem{}
+	}
+	a.log.Info("bcd ramdisk starting", "version", version.Version, "params", a.Params, "data_dir", a.dataDir())
+
+	if err := sys.Prepare(ctx, a.log); err != nil {
+		a.log.Warn("preparing the machine failed; going on", "error", err.Error())
+	}
+	if err := a.reachGateway(ctx, sys); err != nil {
+		return err
+	}
+	claims := a.claims(ctx)
+	a.log.Info("hardware claims", "macs", claims.MACs, "system_uuid", claims.SystemUUID, "system_serial", claims.SystemSerial,
+		"cpus", claims.CPUs, "memory_bytes", claims.MemoryBytes, "disks", len(claims.Disks), "gpus", len(claims.GPUs))
+
+	id, err := a.identity(ctx, claims)
+	if err != nil {
+		return err
+	}
+	j, err := journal.Open(filepath.Join(a.dataDir(), journal.FileName), id.NodeID, journal.Options{Logger: a.console})
+	if err != nil {
+		return fmt.Errorf("bcd ramdisk: %w", err)
+	}
+	defer j.Close()
+	bootID := a.BootID
+	if bootID == nil {
+		bootID = agent.BootID
+	}
+	bid, err := bootID()
+	if err != nil {
+		a.log.Warn("no boot id", "error", err.Error())
+	}
+	a.session = &agent.Session{
+		GatewayURL:   a.Params.GatewayURL,
+		ServerName:   a.Params.ServerName,
+		ServingCAPin: a.Params.Pins.ServingCA,
+		Proxy:        a.Params.Proxy,
+		Identity:     id,
+		Journal:      j,
+		Handlers:     a.handlers(),
+		OnSpec: func(ctx context.Context, s protocol.Spec) {
+			a.console.Debug("desired state received; the ramdisk applies no section", "revision", s.Revision)
+		},
+		Claims:       &claims,
+		BootID:       bid,
+		Backoff:      a.Backoff,
+		PingInterval: a.PingInterval,
+		PingTimeout:  a.PingTimeout,
+		Logger:       a.console,
+	}
+	sctx, stop := context.WithCancel(ctx)
+	defer stop()
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		a.sink.drain(sctx, a.session.Event, a.console)
+	}()
+	sessErr := make(chan error, 1)
+	go func() {
+		defer wg.Done()
+		sessErr <- a.session.Run(sctx)
+	}()
+	a.log.Info("running the ramdisk's session", "node_id", id.NodeID, "gateway", a.Params.GatewayURL)
+	var runErr error
+	select {
+	case <-ctx.Done():
+		runErr = ctx.Err()
+	case err := <-sessErr:
+		runErr = fmt.Errorf("bcd ramdisk: %w", err)
+	case <-a.done:
+		a.console.Info("the machine was handed over; bcd ramdisk stops")
+	}
+	stop()
+	wg.Wait()
+	return runErr
+}
+
+// reachGateway brings the network up and waits until the gateway answers a TLS
+// handshake under the serving CA pin, through bcd.proxy when it is set. It brings
+// the network up again when that takes longer than NetworkRetry. A gateway whose
+// certificate fails the pin is an error: no retry will change it.
+func (a *Agent) reachGateway(ctx context.Context, sys System) error {
+	retry := a.NetworkRetry
+	if retry <= 0 {
+		retry = DefaultNetworkRetry
+	}
+	via := "direct"
+	if a.Params.Proxy != nil {
+		via = a.Params.Proxy.Host
+	}
+	for attempt := 0; ; attempt++ {
+		if err := sys.Network(ctx, a.log); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			d := a.Backoff.Delay(attempt)
+			a.log.Warn("no network yet; trying again", "error", err.Error(), "retry_in", d.Round(time.Millisecond).String())
+			if !agent.Sleep(ctx, d) {
+				return ctx.Err()
+			}
+			continue
+		}
+		since := time.Now()
+		for probe := 0; ; probe++ {
+			err := a.probe(ctx)
+			if err == nil {
+				a.log.Info("the gateway answers", "gateway", a.Params.GatewayURL, "proxy", via)
+				return nil
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			var te *agent.TrustError
+			if errors.As(err, &te) {
+				return fmt.Errorf("bcd ramdisk: %w", err)
+			}
+			wait := a.Backoff.Delay(probe)
+			a.log.Warn("the gateway does not answer yet", "gateway", a.Params.GatewayURL, "proxy", via,
+				"error", err.Error(), "retry_in", wait.Round(time.Millisecond).String())
+			if time.Since(since) > retry {
+				break
+			}
+			if !agent.Sleep(ctx, wait) {
+				return ctx.Err()
+			}
+		}
+	}
+}
+
+// probe opens a connection to the gateway as the join will (through the proxy,
+// TLS pinned to the serving CA) and closes it.
+func (a *Agent) probe(ctx context.Context) error {
+	u, err := url.Parse(a.Params.GatewayURL)
+	if err != nil {
+		return fmt.Errorf("gateway url: %w", err)
+	}
+	port := u.Port()
+	if port == "" {
+		port = "443"
+		if u.Scheme == "http" {
+			port = "80"
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	dial := agent.ProxyDialer(a.Params.Proxy, &net.Dialer{Timeout: 5 * time.Second})
+	conn, err := dial(ctx, "tcp", net.JoinHostPort(u.Hostname(), port))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if u.Scheme != "https" {
+		return nil
+	}
+	cfg, err := agent.PinnedTLSConfig(a.Params.Pins.ServingCA, a.Params.ServerName)
+	if err != nil {
+		return &agent.TrustError{Err: err}
+	}
+	tc := tls.Client(conn, cfg)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		return err
+	}
+	return tc.Close()
+}
+
+// identity loads the identity a join of this boot left in the data directory (a
+// restarted bcd ramdisk must not spend the nonce twice), or joins.
+func (a *Agent) identity(ctx context.Context, claims protocol.Claims) (*agent.Identity, error) {
+	id, err := agent.LoadIdentity(a.dataDir())
+	switch {
+	case err == nil && id.Role == protocol.RoleRamdisk:
+		a.log.Info("already joined in this boot", "node_id", id.NodeID)
+		return id, nil
+	case err == nil:
+		return nil, fmt.Errorf("bcd ramdisk: %s holds the identity of %s %s, not a ramdisk", a.dataDir(), id.Role, id.NodeID)
+	case !errors.Is(err, agent.ErrNotJoined):
+		return nil, fmt.Errorf("bcd ramdisk: the identity in %s does not load: %w", a.dataDir(), err)
+	}
+	client := &join.Client{
+		GatewayURL:  a.Params.GatewayURL,
+		ServerName:  a.Params.ServerName,
+		Pins:        a.Params.Pins,
+		Backoff:     a.JoinBackoff,
+		GiveUpAfter: joinGiveUp,
+		MaxDeferral: a.MaxDeferral,
+		Logger:      a.console,
+		Proxy:       a.Params.Proxy,
+		OnDeferral: func(wait time.Duration, n int) {
+			a.log.Warn("WAITING FOR APPROVAL: the control plane holds this machine's join until an operator approves it",
+				"macs", claims.MACs, "system_serial", claims.SystemSerial, "site", a.Params.Site,
+				"asking_again_in", wait.String(), "deferrals", n)
+		},
+	}
+	req := join.Request{
+		Role:      protocol.RoleRamdisk,
+		Attestor:  protocol.AttestorDiscovery,
+		BootNonce: a.Params.BootNonce,
+		Site:      a.Params.Site,
+		Claims:    claims,
+	}
+	a.log.Info("joining through the discovery attestor", "gateway", a.Params.GatewayURL, "macs", claims.MACs)
+	for {
+		var key *ecdsa.PrivateKey
+		id, key, err = client.Join(ctx, req)
+		var refused *join.RefusedError
+		switch {
+		case err == nil:
+			if err := agent.SaveIdentity(a.dataDir(), id, key); err != nil {
+				return nil, fmt.Errorf("bcd ramdisk: joined as %s but could not store the identity: %w", id.NodeID, err)
+			}
+			a.log.Info("joined", "node_id", id.NodeID, "role", id.Role, "site", id.Site)
+			return id, nil
+		case ctx.Err() != nil:
+			return nil, ctx.Err()
+		case errors.As(err, &refused):
+			a.log.Error("the control plane refused this machine's join; it needs a new PXE boot (a fresh boot nonce) or an operator",
+				"code", refused.Response.Code, "message", refused.Response.Message)
+			return nil, fmt.Errorf("bcd ramdisk: %w", err)
+		}
+		var te *agent.TrustError
+		if errors.As(err, &te) {
+			return nil, fmt.Errorf("bcd ramdisk: %w", err)
+		}
+		a.log.Warn("the join did not get through; starting again", "error", err.Error())
+		if !agent.Sleep(ctx, a.Backoff.Delay(3)) {
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// claims are the hardware claims: agent.ClaimsSource's, with the disks as deploy
+// sees them (serials from SCSI VPD pages too).
+func (a *Agent) claims(ctx context.Context) protocol.Claims {
+	if a.Claims != nil {
+		return a.Claims(ctx)
+	}
+	return Claims(ctx)
+}
+
+// Claims reads this machine's claims.
+func Claims(ctx context.Context) protocol.Claims {
+	c := agent.ClaimsSource{}.Collect(ctx)
+	if disks, err := (deploy.SysBlock{}).List(); err == nil {
+		c.Disks = c.Disks[:0]
+		for _, d := range disks {
+			c.Disks = append(c.Disks, protocol.Disk{Name: d.Name, SizeBytes: d.Size, Model: d.Model, Serial: d.Serial,
+				Removable: d.Removable, Rotational: d.Rotational})
+		}
+	}
+	return c
+}
+
+func (a *Agent) finish() { a.doneOnce.Do(func() { close(a.done) }) }
+
+// The real deployer loads installed kernels, so machine.kexec works with it.
+var _ InstalledLoader = (*deploy.Deployer)(nil)

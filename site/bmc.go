@@ -1,0 +1,144 @@
+package site
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync"
+
+	"github.com/better-compute/bcd/agent"
+	"github.com/better-compute/bcd/bmc"
+	"github.com/better-compute/bcd/bmc/pluginhost"
+	"github.com/better-compute/bcd/protocol"
+)
+
+// pluginFor names the plugin that drives each bmc_hosts driver.
+var pluginFor = map[string]string{protocol.BMCDriverIPMI: "bcx-ipmi"}
+
+// noPluginsReason is the UNSUPPORTED message of bmc.* commands on a site agent
+// without a [plugins] section.
+const noPluginsReason = "this site agent has no [plugins] section: BMC commands run through the bcx-ipmi plugin in [plugins] dir"
+
+// setupBMC picks what runs bmc.* commands: Site.BMCDrivers, else the plugins of
+// [plugins], else nothing (UNSUPPORTED). It returns what stops the plugins.
+func (s *Site) setupBMC() (closeFn func()) {
+	switch {
+	case s.BMCDrivers != nil:
+		s.bmcExec = &bmc.Executor{Hosts: s.bmcHosts, Drivers: s.BMCDrivers}
+		return func() {}
+	case s.Config.Plugins == nil:
+		return func() {}
+	}
+	host := pluginhost.New(s.Config.Plugins, s.log)
+	host.RuntimeDir = s.PluginRuntimeDir
+	// A host that cannot start (no cgroup, no directory) has logged why; each
+	// command then fails with that reason through the drivers below.
+	startErr := host.Start()
+	drivers := map[string]bmc.Driver{}
+	for driver, plugin := range pluginFor {
+		drivers[driver] = &lazyDriver{host: host, plugin: plugin, startErr: startErr}
+	}
+	s.bmcExec = &bmc.Executor{Hosts: s.bmcHosts, Drivers: drivers}
+	return func() {
+		if err := host.Close(); err != nil {
+			s.log.Warn("stopping the BMC plugins", "error", err.Error())
+		}
+	}
+}
+
+// runBMC runs bmc.power, bmc.bootdev and bmc.inventory.
+func (s *Site) runBMC(ctx context.Context, cmd protocol.Command, report func(protocol.Status) error) error {
+	if s.bmcExec == nil {
+		return report(protocol.Status{State: protocol.StateUnsupported, Reason: agent.ReasonUnsupported, Message: noPluginsReason})
+	}
+	if err := report(protocol.Status{State: protocol.StateRunning}); err != nil {
+		return err
+	}
+	res, err := s.bmcExec.Run(ctx, cmd.Kind, cmd.Params)
+	var f *bmc.Failure
+	switch {
+	case errors.Is(err, bmc.ErrUnknownKind):
+		return report(protocol.Status{State: protocol.StateUnsupported, Reason: agent.ReasonUnsupported, Message: err.Error()})
+	case errors.As(err, &f):
+		return report(protocol.Status{State: protocol.StateFailed, Reason: f.Reason, Message: f.Err.Error()})
+	case err != nil:
+		return report(protocol.Status{State: protocol.StateFailed, Reason: agent.ReasonError, Message: err.Error()})
+	}
+	data, err := json.Marshal(res)
+	if err != nil {
+		return err
+	}
+	return report(protocol.Status{State: protocol.StateSucceeded, Result: data})
+}
+
+// lazyDriver starts its plugin on the first call, so a site whose BMCs are never
+// driven runs no plugin process.
+type lazyDriver struct {
+	host     *pluginhost.Host
+	plugin   string
+	startErr error
+
+	once sync.Once
+	drv  bmc.Driver
+	err  error
+}
+
+var _ bmc.Driver = (*lazyDriver)(nil)
+
+func (d *lazyDriver) get() (bmc.Driver, error) {
+	d.once.Do(func() {
+		if d.startErr != nil {
+			d.err = d.startErr
+			return
+		}
+		d.drv, d.err = d.host.Driver(d.plugin)
+	})
+	if d.err != nil {
+		return nil, &bmc.Error{Kind: bmc.KindPlugin, Msg: "plugin " + d.plugin + ": " + d.err.Error(), Err: d.err}
+	}
+	return d.drv, nil
+}
+
+func (d *lazyDriver) PowerStatus(ctx context.Context, h bmc.Host) (bmc.PowerState, error) {
+	drv, err := d.get()
+	if err != nil {
+		return "", err
+	}
+	return drv.PowerStatus(ctx, h)
+}
+
+func (d *lazyDriver) do(fn func(bmc.Driver) error) error {
+	drv, err := d.get()
+	if err != nil {
+		return err
+	}
+	return fn(drv)
+}
+
+func (d *lazyDriver) PowerOn(ctx context.Context, h bmc.Host) error {
+	return d.do(func(drv bmc.Driver) error { return drv.PowerOn(ctx, h) })
+}
+
+func (d *lazyDriver) PowerOff(ctx context.Context, h bmc.Host) error {
+	return d.do(func(drv bmc.Driver) error { return drv.PowerOff(ctx, h) })
+}
+
+func (d *lazyDriver) PowerCycle(ctx context.Context, h bmc.Host) error {
+	return d.do(func(drv bmc.Driver) error { return drv.PowerCycle(ctx, h) })
+}
+
+func (d *lazyDriver) PowerReset(ctx context.Context, h bmc.Host) error {
+	return d.do(func(drv bmc.Driver) error { return drv.PowerReset(ctx, h) })
+}
+
+func (d *lazyDriver) SetBootDevice(ctx context.Context, h bmc.Host, dev bmc.BootDevice) error {
+	return d.do(func(drv bmc.Driver) error { return drv.SetBootDevice(ctx, h, dev) })
+}
+
+func (d *lazyDriver) Inventory(ctx context.Context, h bmc.Host) (bmc.Inventory, error) {
+	drv, err := d.get()
+	if err != nil {
+		return bmc.Inventory{}, err
+	}
+	return drv.Inventory(ctx, h)
+}

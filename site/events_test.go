@@ -1,0 +1,287 @@
+package site
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/better-compute/bcd/boot"
+	"github.com/better-compute/bcd/ipxe"
+	"github.com/better-compute/bcd/protocol"
+)
+
+// memSink is an eventSink that keeps what it is given, or fails.
+type memSink struct {
+	mu     sync.Mutex
+	events []protocol.Event
+	fail   error
+}
+
+func (s *memSink) Event(ev protocol.Event) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fail != nil {
+		return s.fail
+	}
+	s.events = append(s.events, ev)
+	return nil
+}
+
+func (s *memSink) all() []protocol.Event {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]protocol.Event(nil), s.events...)
+}
+
+func booted(t *testing.T, evs []protocol.Event) []protocol.MachineBooted {
+	t.Helper()
+	var out []protocol.MachineBooted
+	for _, ev := range evs {
+		if ev.Kind != protocol.EventMachineBooted {
+			continue
+		}
+		var mb protocol.MachineBooted
+		if err := json.Unmarshal(ev.Data, &mb); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, mb)
+	}
+	return out
+}
+
+// drain journals everything queued, as run does at shutdown.
+func (r *reporter) drain() {
+	for {
+		select {
+		case mb := <-r.queue:
+			r.emit(mb)
+		default:
+			return
+		}
+	}
+}
+
+var (
+	macA = net.HardwareAddr{0x52, 0x54, 0, 0x12, 0x34, 0x56}
+	macB = net.HardwareAddr{0x52, 0x54, 0, 0x12, 0x34, 0x57}
+)
+
+// TestEventsRateLimited: a machine looping through its boot costs one event per MAC
+// and stage per interval, whatever the packet rate.
+func TestEventsRateLimited(t *testing.T) {
+	sink := &memSink{}
+	now := time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
+	r := newReporter(sink, slog.New(slog.DiscardHandler), func() time.Time { return now }, time.Second, nil)
+	r.neighbor = nil
+	for range 1000 {
+		r.Observe(boot.Event{Served: boot.ServedOffer, MAC: macA, Arch: 7, Time: now})
+		r.Observe(boot.Event{Served: boot.ServedAck, MAC: macA, Arch: 7, Time: now})
+		r.Observe(boot.Event{Served: boot.ServedOffer, MAC: macB, Arch: 0, Time: now})
+	}
+	now = now.Add(999 * time.Millisecond)
+	r.Observe(boot.Event{Served: boot.ServedOffer, MAC: macA, Arch: 7, Time: now})
+	now = now.Add(time.Millisecond)
+	r.Observe(boot.Event{Served: boot.ServedOffer, MAC: macA, Arch: 7, Time: now})
+	r.drain()
+	got := booted(t, sink.all())
+	var lines []string
+	for _, mb := range got {
+		lines = append(lines, mb.MAC+" "+mb.Stage)
+	}
+	want := "52:54:00:12:34:56 dhcp,52:54:00:12:34:56 pxe,52:54:00:12:34:57 dhcp,52:54:00:12:34:56 dhcp"
+	if strings.Join(lines, ",") != want {
+		t.Errorf("events:\n%s\nwant\n%s", strings.Join(lines, ","), want)
+	}
+	if n := r.limited.Load(); n != 3*1000-3+1 {
+		t.Errorf("limited = %d", n)
+	}
+}
+
+// TestEventsAttributeByAddress: TFTP, kernel and initrd carry no MAC; they are the
+// MAC's that was last seen from the same address, else the neighbour table's, and
+// are not reported otherwise.
+func TestEventsAttributeByAddress(t *testing.T) {
+	sink := &memSink{}
+	now := time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
+	machines := map[string]string{macA.String(): "m_a"}
+	r := newReporter(sink, slog.New(slog.DiscardHandler), func() time.Time { return now }, time.Second,
+		func(mac net.HardwareAddr) string { return machines[mac.String()] })
+	ip := netip.MustParseAddr("10.20.0.50")
+	neighbor := netip.MustParseAddr("10.20.0.51")
+	r.neighbor = func(a netip.Addr) net.HardwareAddr {
+		if a == neighbor {
+			return macB
+		}
+		return nil
+	}
+	r.Observe(boot.Event{Served: boot.ServedKernel, IP: ip, Arch: -1, File: "/ramdisk/vmlinuz"}) // nobody known yet
+	r.Observe(boot.Event{Served: boot.ServedScript, MAC: macA, IP: ip, Arch: -1, File: "/ipxe/52:54:00:12:34:56.ipxe", Mode: boot.ModeRamdisk})
+	r.Observe(boot.Event{Served: boot.ServedKernel, IP: ip, Arch: -1, File: "/ramdisk/vmlinuz"})
+	r.Observe(boot.Event{Served: boot.ServedInitrd, IP: ip, Arch: -1, File: "/ramdisk/initrd"})
+	now = now.Add(ipMACTTL)
+	r.Observe(boot.Event{Served: boot.ServedTFTP, IP: ip, Arch: -1, File: "undionly.kpxe"})       // too late
+	r.Observe(boot.Event{Served: boot.ServedTFTP, IP: neighbor, Arch: -1, File: "undionly.kpxe"}) // the kernel knows it
+	r.drain()
+	got := booted(t, sink.all())
+	if len(got) != 4 {
+		t.Fatalf("events %+v", got)
+	}
+	if got[3].MAC != macB.String() || got[3].Stage != protocol.StageTFTP || got[3].IP != "10.20.0.51" {
+		t.Errorf("neighbour-table event %+v", got[3])
+	}
+	for i, stage := range []string{protocol.StageScript, protocol.StageKernel, protocol.StageInitrd} {
+		if got[i].Stage != stage || got[i].MAC != macA.String() || got[i].IP != "10.20.0.50" || got[i].Machine != "m_a" || got[i].Arch != 0 {
+			t.Errorf("event %d = %+v", i, got[i])
+		}
+	}
+	if r.noMAC.Load() != 2 {
+		t.Errorf("noMAC = %d, want 2", r.noMAC.Load())
+	}
+}
+
+// TestEventsQueueBounded: when the journal falls behind, Observe drops and counts
+// instead of blocking a boot server.
+func TestEventsQueueBounded(t *testing.T) {
+	sink := &memSink{}
+	r := newReporter(sink, slog.New(slog.DiscardHandler), nil, time.Nanosecond, nil)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range eventQueue + 10 {
+			mac := net.HardwareAddr{2, 0, 0, 0, byte(i >> 8), byte(i)}
+			r.Observe(boot.Event{Served: boot.ServedOffer, MAC: mac})
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Observe blocked on a full queue")
+	}
+	if r.dropped.Load() != 10 {
+		t.Errorf("dropped = %d, want 10", r.dropped.Load())
+	}
+}
+
+var testParams = ipxe.Params{
+	GatewayURL:        "https://gw.example.com",
+	ServerName:        "gw.example.com",
+	Site:              "fsn1",
+	ServingCAPin:      "sha256/" + strings.Repeat("A", 43) + "=",
+	JoinSigningPin:    "sha256/" + strings.Repeat("B", 43) + "=",
+	JoinEncryptionPin: "sha256/" + strings.Repeat("C", 43) + "=",
+}
+
+func testBootServers(t *testing.T, sink eventSink) *httptest.Server {
+	t.Helper()
+	r := newReporter(sink, slog.New(slog.DiscardHandler), nil, 0, nil)
+	var table boot.MemTable
+	if err := table.Set(map[string]boot.Entry{macA.String(): {Mode: boot.ModeRamdisk}, macB.String(): {Mode: boot.ModeLocal}}); err != nil {
+		t.Fatal(err)
+	}
+	bs := &bootServers{log: slog.New(slog.DiscardHandler), events: r, params: testParams}
+	bs.base.Store(&boot.HTTPServer{URL: "http://10.20.0.2:8080", Table: &table, Params: testParams,
+		Kernel: "http://10.20.0.2:8080/ramdisk/vmlinuz", Initrd: "http://10.20.0.2:8080/ramdisk/initrd", Observer: r})
+	srv := httptest.NewServer(bs)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// TestNonceJournaledBeforeTheScript: the boot.nonce event is in the journal when the
+// script that carries the nonce is returned; the sink is called on the request's
+// own path, so no later event can overtake it.
+func TestNonceJournaledBeforeTheScript(t *testing.T) {
+	sink := &memSink{}
+	srv := testBootServers(t, sink)
+	resp, err := http.Get(srv.URL + "/ipxe/52:54:00:12:34:56.ipxe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var body strings.Builder
+	_, _ = bufCopy(&body, resp)
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, body.String())
+	}
+	evs := sink.all()
+	if len(evs) != 1 || evs[0].Kind != protocol.EventBootNonce {
+		t.Fatalf("journal holds %+v, want one boot.nonce", evs)
+	}
+	var bn protocol.BootNonce
+	if err := json.Unmarshal(evs[0].Data, &bn); err != nil {
+		t.Fatal(err)
+	}
+	if bn.MAC != macA.String() || !strings.Contains(body.String(), "bcd.boot_nonce="+bn.Nonce+" ") {
+		t.Errorf("nonce event %+v does not match the script:\n%s", bn, body.String())
+	}
+	if d := bn.ExpiresAt.Sub(evs[0].Time); d != protocol.BootNonceLifetime {
+		t.Errorf("nonce lifetime %s", d)
+	}
+	if len(bn.Nonce) != 22 {
+		t.Errorf("nonce %d characters, want 22 (128 bits base64url)", len(bn.Nonce))
+	}
+}
+
+// TestNonceNotJournaledIs503: a nonce the control plane would never hear of never
+// reaches a machine: the script is refused with 503 and Retry-After, while a local
+// script, which carries no nonce, is still served.
+func TestNonceNotJournaledIs503(t *testing.T) {
+	sink := &memSink{fail: errors.New("journal: disk full")}
+	srv := testBootServers(t, sink)
+	resp, err := http.Get(srv.URL + "/ipxe/52:54:00:12:34:56.ipxe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var body strings.Builder
+	_, _ = bufCopy(&body, resp)
+	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" || strings.Contains(body.String(), "#!ipxe") {
+		t.Errorf("status %d, Retry-After %q, body %q", resp.StatusCode, resp.Header.Get("Retry-After"), body.String())
+	}
+	resp, err = http.Get(srv.URL + "/ipxe/52:54:00:12:34:57.ipxe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body.Reset()
+	_, _ = bufCopy(&body, resp)
+	if resp.StatusCode != 200 || !strings.Contains(body.String(), "sanboot") {
+		t.Errorf("local script: %d %q", resp.StatusCode, body.String())
+	}
+}
+
+func bufCopy(b *strings.Builder, resp *http.Response) (int64, error) {
+	defer resp.Body.Close()
+	return io.Copy(b, resp.Body)
+}
+
+func TestParseARP(t *testing.T) {
+	table := `IP address       HW type     Flags       HW address            Mask     Device
+10.20.0.50       0x1         0x0         00:00:00:00:00:00     *        br0
+10.20.0.51       0x1         0x2         52:54:00:12:34:57     *        br0
+10.20.0.5        0x1         0x2         52:54:00:aa:bb:cc     *        br0
+`
+	if mac := parseARP(strings.NewReader(table), netip.MustParseAddr("10.20.0.51")); mac.String() != macB.String() {
+		t.Errorf("10.20.0.51: %v", mac)
+	}
+	for _, ip := range []string{"10.20.0.50", "10.20.0.52", "10.20.0.1"} {
+		if mac := parseARP(strings.NewReader(table), netip.MustParseAddr(ip)); mac != nil {
+			t.Errorf("%s: %v, want none", ip, mac)
+		}
+	}
+}
+
+func FuzzParseARP(f *testing.F) {
+	f.Add("IP address HW type Flags HW address Mask Device\n10.0.0.1 0x1 0x2 52:54:00:12:34:57 * br0\n")
+	f.Add("\n\n10.0.0.1 0x1 0x2 zz\n")
+	f.Fuzz(func(t *testing.T, s string) {
+		if mac := parseARP(strings.NewReader(s), netip.MustParseAddr("10.0.0.1")); mac != nil && len(mac) != 6 {
+			t.Fatalf("MAC of %d bytes", len(mac))
+		}
+	})
+}

@@ -1,0 +1,152 @@
+package site
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"time"
+
+	"github.com/better-compute/bcd/internal/version"
+)
+
+// StatusPath is the status socket's one route (also served at /).
+const StatusPath = "/v1/status"
+
+// Status is what the status socket answers: the session, as bcd node's, and what
+// the site serves.
+type Status struct {
+	NodeID string `json:"node_id"`
+	Role   string `json:"role"`
+	Site   string `json:"site,omitempty"`
+	// State is the site's state as the gateway last said, or "unknown" before
+	// the first Welcome.
+	State       string    `json:"state"`
+	Connected   bool      `json:"connected"`
+	Gateway     string    `json:"gateway"`
+	Version     string    `json:"version"`
+	BootID      string    `json:"boot_id"`
+	Pending     int       `json:"pending"`
+	LastWelcome time.Time `json:"last_welcome,omitzero"`
+	LastError   string    `json:"last_error,omitempty"`
+
+	// SpecRevision is the revision of the spec applied last (saved or received).
+	SpecRevision int64 `json:"spec_revision"`
+	// BootEntries counts the boot table's entries; BMCHosts the BMCs.
+	BootEntries int `json:"boot_entries"`
+	BMCHosts    int `json:"bmc_hosts"`
+	// Listening are the servers' addresses; empty when not running.
+	HTTP  string `json:"http,omitempty"`
+	TFTP  string `json:"tftp,omitempty"`
+	DHCP  string `json:"dhcp,omitempty"`
+	PXE   string `json:"pxe,omitempty"`
+	Proxy string `json:"proxy,omitempty"`
+	// EventsLimited, EventsDropped and EventsUnattributed count machine.booted
+	// events not sent: within the rate limit, over a full queue, or without a MAC.
+	EventsLimited      uint64 `json:"events_limited"`
+	EventsDropped      uint64 `json:"events_dropped"`
+	EventsUnattributed uint64 `json:"events_unattributed"`
+}
+
+// listenStatus binds the unix socket at path, 0600. A stale socket (nobody
+// answers) is removed; a live one, or anything that is not a socket, is refused.
+func listenStatus(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("status socket: %w", err)
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&fs.ModeSocket == 0 {
+			return nil, fmt.Errorf("status socket: %s exists and is not a socket; refusing to replace it", path)
+		}
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("status socket: another process serves %s (is a bcd agent already running with this config?)", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("status socket: remove the stale %s: %w", path, err)
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("status socket: %w", err)
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("status socket: %w", err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("status socket: %w", err)
+	}
+	return ln, nil
+}
+
+func (s *Site) statusServer() *http.Server {
+	mux := http.NewServeMux()
+	h := func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(s.Status())
+	}
+	mux.HandleFunc("GET "+StatusPath, h)
+	mux.HandleFunc("GET /{$}", h)
+	return &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+}
+
+func addrString(a interface {
+	IsValid() bool
+	String() string
+}) string {
+	if !a.IsValid() {
+		return ""
+	}
+	return a.String()
+}
+
+// Status reports the site agent's state; it is what the status socket answers.
+// Before Run has loaded the identity it is empty.
+func (s *Site) Status() Status {
+	if s.session == nil || s.events == nil || s.bmcHosts == nil {
+		return Status{}
+	}
+	st := s.session.State()
+	state := st.NodeState
+	if state == "" {
+		state = "unknown"
+	}
+	a := s.Addrs()
+	return Status{
+		NodeID:             s.id.NodeID,
+		Role:               s.id.Role,
+		Site:               s.siteName(),
+		State:              state,
+		Connected:          st.Connected,
+		Gateway:            s.Config.GatewayURL,
+		Version:            version.Version,
+		BootID:             s.session.BootID,
+		Pending:            st.Pending,
+		LastWelcome:        st.LastWelcome,
+		LastError:          st.LastError,
+		SpecRevision:       s.revision.Load(),
+		BootEntries:        int(s.entries.Load()),
+		BMCHosts:           len(s.bmcHosts.Machines()),
+		HTTP:               addrString(a.HTTP),
+		TFTP:               addrString(a.TFTP),
+		DHCP:               addrString(a.DHCP),
+		PXE:                addrString(a.PXE),
+		Proxy:              addrString(a.Proxy),
+		EventsLimited:      s.events.limited.Load(),
+		EventsDropped:      s.events.dropped.Load(),
+		EventsUnattributed: s.events.noMAC.Load(),
+	}
+}
+
+// counters the status reports, kept beside the applied state.
+type specCounters struct {
+	revision atomic.Int64
+	entries  atomic.Int64
+}
