@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"golang.org/x/net/http/httpproxy"
 	"net"
 	"net/http"
 	"net/url"
@@ -153,4 +154,23 @@ func (c *bufferedConn) Read(p []byte) (int, error) {
 		return c.r.Read(p)
 	}
 	return c.Conn.Read(p)
+}
+
+// ProxyFor returns the proxy to reach target through: explicit when set (the
+// ramdisk's bcd.proxy), else what HTTPS_PROXY, HTTP_PROXY and NO_PROXY say for that
+// URL, as every Go and curl client reads them (an installed OS whose only way out is
+// a site's proxy), else nil for a direct connection.
+func ProxyFor(explicit *url.URL, target string) (*url.URL, error) {
+	if explicit != nil {
+		return explicit, nil
+	}
+	u, err := url.Parse(target)
+	if err != nil {
+		return nil, fmt.Errorf("proxy: %w", err)
+	}
+	p, err := httpproxy.FromEnvironment().ProxyFunc()(u)
+	if err != nil || p == nil {
+		return nil, err
+	}
+	return ParseProxyURL(p.String())
 }

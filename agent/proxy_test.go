@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/url"
@@ -106,5 +107,41 @@ func TestProxyDialerRefusalsAndTimeouts(t *testing.T) {
 	_, err := ProxyDialer(u, nil)(ctx, "tcp", "127.0.0.1:8443")
 	if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 900*time.Millisecond {
 		t.Fatalf("silent proxy: %v after %s", err, time.Since(start))
+	}
+}
+
+// TestProxyFor: an explicit proxy wins; otherwise HTTPS_PROXY and NO_PROXY decide, as
+// for every other client on the host; loopback is never proxied.
+func TestProxyFor(t *testing.T) {
+	explicit, _ := ParseProxyURL("http://10.0.0.9:3128")
+	for _, tc := range []struct {
+		name, httpsProxy, noProxy, target string
+		explicit                          bool
+		want                              string
+	}{
+		{name: "explicit", httpsProxy: "http://10.0.0.1:3128", target: "https://10.10.0.1:8444", explicit: true, want: "http://10.0.0.9:3128"},
+		{name: "environment", httpsProxy: "http://10.20.0.2:3128", target: "https://10.10.0.1:8444", want: "http://10.20.0.2:3128"},
+		{name: "no proxy", httpsProxy: "http://10.20.0.2:3128", noProxy: "10.10.0.1", target: "https://10.10.0.1:8444", want: ""},
+		{name: "none set", target: "https://10.10.0.1:8444", want: ""},
+		{name: "loopback", httpsProxy: "http://10.20.0.2:3128", target: "https://127.0.0.1:8444", want: ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, k := range []string{"HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy", "REQUEST_METHOD"} {
+				t.Setenv(k, "")
+			}
+			t.Setenv("HTTPS_PROXY", tc.httpsProxy)
+			t.Setenv("NO_PROXY", tc.noProxy)
+			var e *url.URL
+			if tc.explicit {
+				e = explicit
+			}
+			got, err := ProxyFor(e, tc.target)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s := fmt.Sprint(got); (got == nil && tc.want != "") || (got != nil && s != tc.want) {
+				t.Errorf("ProxyFor = %v, want %q", got, tc.want)
+			}
+		})
 	}
 }

@@ -180,9 +180,13 @@ func (s *Session) httpClient() (*http.Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("session: %w", err)
 	}
+	proxy, err := ProxyFor(s.Proxy, s.GatewayURL)
+	if err != nil {
+		return nil, fmt.Errorf("session: %w", err)
+	}
 	return &http.Client{Transport: &http.Transport{
 		TLSClientConfig:     cfg,
-		DialContext:         ProxyDialer(s.Proxy, &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}),
+		DialContext:         ProxyDialer(proxy, &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}),
 		TLSHandshakeTimeout: 15 * time.Second,
 		// A WebSocket is HTTP/1.1; the agent talks to the gateway directly, or
 		// through a CONNECT tunnel that carries the TLS end to end.

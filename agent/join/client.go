@@ -116,12 +116,16 @@ func (c *Client) Join(ctx context.Context, req Request) (*agent.Identity, *ecdsa
 	if err != nil {
 		return nil, nil, err
 	}
+	proxy, err := agent.ProxyFor(c.Proxy, c.GatewayURL)
+	if err != nil {
+		return nil, nil, err
+	}
 	client := &http.Client{
 		Timeout: requestTimeout,
 		Transport: &http.Transport{
 			TLSClientConfig:     tlsCfg,
 			TLSHandshakeTimeout: 15 * time.Second,
-			DialContext:         agent.ProxyDialer(c.Proxy, &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}),
+			DialContext:         agent.ProxyDialer(proxy, &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}),
 		},
 		// A join answers itself; a redirect would take the request somewhere
 		// the pin was not meant for.
