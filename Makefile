@@ -9,13 +9,14 @@ BIN      := bin
 # Every Go build here is static: the same bcd runs on a host, in a ramdisk and in a test root.
 export CGO_ENABLED := 0
 
-.PHONY: all build deps test lint demo release initramfs clean
+.PHONY: all build deps test lint demo demo-loopback release initramfs clean
 
 all: build
 
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/bcd ./cmd/bcd
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/better-compute ./cmd/better-compute
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/bcx-ipmi ./plugins/bcx-ipmi
 
 deps:
 	scripts/install-deps.sh
@@ -31,7 +32,12 @@ test: deps lint
 	BCD_REQUIRE_ALL=1 $(GO) test -count=1 -timeout 30m ./...
 	BCD_REQUIRE_ALL=1 $(GO) test -count=1 -timeout 10m -tags fakehw ./agent/... ./cmd/bcd/... ./nodeagent/...
 
-demo: deps build
+# The whole fleet path in the QEMU lab (testbed/cmd/bcd-lab); KEEP=1 leaves it up.
+demo: deps build initramfs
+	$(GO) run ./testbed/cmd/bcd-lab -bin $(BIN) -ramdisk $(BIN)/initramfs.xz -image $(BIN)/testos.img
+
+# The loopback-only flow of the control plane and one node (no VMs).
+demo-loopback: deps build
 	scripts/demo.sh
 
 # dist/: bare binaries, archives, .sha256 files and checksums.txt for linux/amd64 and arm64.

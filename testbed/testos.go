@@ -11,11 +11,12 @@ import (
 // TestOS is the small OS the lab deploys: a GPT disk whose ESP boots (both
 // firmwares) a kernel and an initramfs, and whose ext4 root holds /etc (an indexed
 // directory of some hundreds of entries, like a real one), /boot/vmlinuz,
-// /boot/initrd and /boot/cmdline for kexec, and /var/lib/bcd. Its init loads the
-// virtio and ext4 modules, takes an address with udhcpc, mounts the root, links
-// /etc/bcd and /var/lib/bcd into it, then runs what an OS that deploy.image
-// installed runs: bcd join --token-file /etc/bcd/join-token --node-id …, then
-// bcd node. The identity lives on the disk, so the node comes back after a reboot.
+// /boot/initrd.img and /boot/bcd-cmdline for kexec (the names deploy reads), and
+// /var/lib/bcd. Its init loads the virtio and ext4 modules, takes an address with
+// udhcpc, mounts the root, links /etc/bcd and /var/lib/bcd into it, then runs what
+// an OS that deploy.image installed runs: bcd join --token-file
+// /etc/bcd/join-token --node-id …, then bcd node. The identity lives on the disk,
+// so the node comes back after a reboot.
 type TestOS struct {
 	Kernel     string // vmlinuz
 	ModulesDir string // the kernel's lib/modules/<kver> (scripts/fetch-kernel.sh)
@@ -132,10 +133,10 @@ func (o TestOS) Build(path string) error {
 	if err := copyFile(o.Kernel, filepath.Join(root, "boot/vmlinuz")); err != nil {
 		return err
 	}
-	if err := copyFile(initrd, filepath.Join(root, "boot/initrd")); err != nil {
+	if err := copyFile(initrd, filepath.Join(root, "boot/initrd.img")); err != nil {
 		return err
 	}
-	os.WriteFile(filepath.Join(root, "boot/cmdline"), []byte(o.Cmdline+"\n"), 0o644)
+	os.WriteFile(filepath.Join(root, "boot/bcd-cmdline"), []byte(o.Cmdline+"\n"), 0o644)
 
 	size := o.SizeMiB
 	if size == 0 {
