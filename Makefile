@@ -9,7 +9,7 @@ BIN      := bin
 # Every Go build here is static: the same bcd runs on a host, in a ramdisk and in a test root.
 export CGO_ENABLED := 0
 
-.PHONY: all build deps test lint demo demo-loopback release initramfs clean
+.PHONY: all build deps test lint demo demo-loopback release initramfs bench-boot bench-deploy clean
 
 all: build
 
@@ -48,6 +48,14 @@ release:
 initramfs: deps
 	initramfs/build.sh $(BIN)/initramfs.xz .cache/kernel/current
 	cp .cache/kernel/current/vmlinuz $(BIN)/vmlinuz
+
+# Side-by-side benchmarks (bench/README.md); results go to bench/results/.
+bench-boot:
+	BCD_DEPS="nginx-light" scripts/install-deps.sh
+	bench/run.sh
+
+bench-deploy: deps
+	$(GO) run ./bench/deploy
 
 clean:
 	rm -rf $(BIN)

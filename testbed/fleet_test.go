@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -101,6 +102,23 @@ func TestFleet(t *testing.T) {
 	}
 	if after, _ := f.node(m); after != before {
 		fail(fmt.Errorf("machine %s came back as node %s, was %s", m.Name, after, before))
+	}
+
+	// Power off through the control plane, the site agent and the sandboxed plugin:
+	// the VM's QEMU process is really gone, and the BMC then says off.
+	u := f.Machines[1]
+	pid, running := u.BMC.QEMUPID()
+	if !running {
+		fail(fmt.Errorf("machine %s: no QEMU running before power off", u.Name))
+	}
+	if _, err := f.BC("machines", "power", u.Name, "off"); err != nil {
+		fail(err)
+	}
+	if err := waitFor(ctx, 30*time.Second, func() bool { return !ProcessRunning(pid) }); err != nil {
+		fail(fmt.Errorf("machine %s: QEMU (pid %d) still runs after machines power off", u.Name, pid))
+	}
+	if out, err := f.BC("machines", "power", u.Name, "status"); err != nil || !strings.Contains(out, "off") {
+		fail(fmt.Errorf("machine %s: machines power status after off: %q %v", u.Name, out, err))
 	}
 }
 
