@@ -1,0 +1,91 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/pin/tftp/v3"
+)
+
+// tftpLoad runs l.Clients TFTP clients (pin/tftp/v3, as a Go client would fetch an
+// iPXE binary), each downloading l.File again and again at l.BlockSize with
+// tsize, as iPXE asks. Throughput counts the blocks that arrive inside the window,
+// whether or not their transfer ends in it.
+func tftpLoad(ctx context.Context, l load) (result, error) {
+	if l.Clients < 1 || l.FileSize <= 0 {
+		return result{}, fmt.Errorf("tftp load: clients %d, file size %d", l.Clients, l.FileSize)
+	}
+	var w window
+	var got, transfers, all atomic.Int64
+	var errs errorLog
+	var workers sync.WaitGroup
+	for range l.Clients {
+		workers.Go(func() {
+			c, err := tftp.NewClient(l.Addr)
+			if err != nil {
+				errs.add(err)
+				return
+			}
+			c.SetTimeout(time.Second)
+			c.SetRetries(5)
+			// Ask again at once on a timeout; the library's default adds up to a
+			// second at random.
+			c.SetBackoff(func(int) time.Duration { return 0 })
+			if l.BlockSize != 512 {
+				c.SetBlockSize(l.BlockSize)
+			}
+			c.RequestTSize(true)
+			sink := &countingWriter{n: &got}
+			for !w.stopped.Load() {
+				wt, err := c.Receive(l.File, "octet")
+				if err != nil {
+					errs.add(err)
+					time.Sleep(10 * time.Millisecond)
+					continue
+				}
+				n, err := wt.WriteTo(sink)
+				all.Add(1)
+				switch {
+				case err != nil:
+					errs.add(err)
+				case n != l.FileSize:
+					errs.add(fmt.Errorf("transfer of %d bytes, want %d", n, l.FileSize))
+				case w.open.Load():
+					transfers.Add(1)
+				}
+			}
+		})
+	}
+	secs, before, after, err := w.measure(ctx, l, got.Load)
+	done := make(chan struct{})
+	go func() { workers.Wait(); close(done) }()
+	// Transfers running at the end of the window finish (at most a file each);
+	// the clients cannot be interrupted, so a stuck one is left to the deadline.
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+	if err != nil {
+		return result{}, err
+	}
+	return result{
+		Seconds:     secs,
+		Ops:         transfers.Load(),
+		Bytes:       after - before,
+		Errors:      errs.n.Load(),
+		ErrorSample: errs.sample(),
+		AllOps:      all.Load(),
+		AllBytes:    got.Load(),
+	}, nil
+}
+
+// countingWriter discards what it is given and adds its length to n.
+type countingWriter struct{ n *atomic.Int64 }
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	c.n.Add(int64(len(p)))
+	return len(p), nil
+}
