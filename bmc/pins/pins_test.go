@@ -2,6 +2,7 @@ package pins
 
 import (
 	"crypto/sha256"
+	"github.com/better-compute/bcd/internal/testenv"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -57,10 +58,7 @@ func TestParseRefuses(t *testing.T) {
 // TestSha256sumWritesWhatParseReads: the install script writes the pins file with
 // sha256sum, so the real tool is the reference.
 func TestSha256sumWritesWhatParseReads(t *testing.T) {
-	tool, err := exec.LookPath("sha256sum")
-	if err != nil {
-		t.Skip("sha256sum is not installed")
-	}
+	tool := testenv.NeedTool(t, "sha256sum")
 	dir := t.TempDir()
 	content := []byte("plugin binary")
 	if err := os.WriteFile(filepath.Join(dir, "bcx-ipmi"), content, 0o755); err != nil {

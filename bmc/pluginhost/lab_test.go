@@ -682,7 +682,7 @@ func TestCrashLoopBacksOff(t *testing.T) {
 	dir := t.TempDir()
 	b, err := os.ReadFile("/bin/false")
 	if err != nil {
-		t.Skip("no /bin/false")
+		testenv.Skip(t, "no /bin/false to stand in for a crashing plugin")
 	}
 	if err := os.WriteFile(filepath.Join(dir, "crasher"), b, 0o755); err != nil {
 		t.Fatal(err)
