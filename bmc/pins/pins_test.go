@@ -2,12 +2,13 @@ package pins
 
 import (
 	"crypto/sha256"
-	"github.com/better-compute/bcd/internal/testenv"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/better-compute/bcd/internal/testenv"
 )
 
 func TestParse(t *testing.T) {
