@@ -147,7 +147,13 @@ func (s *TFTPServer) Listen() error {
 		root.Close()
 		return err
 	}
-	conn, err := net.ListenUDP("udp", a)
+	// PXE is IPv4. A wildcard "udp" socket is dual-stack, and pin/tftp then sizes
+	// blocks for IPv6 (an IPv4 client asking for 1468 gets 1452).
+	network := "udp6"
+	if a.IP == nil || a.IP.To4() != nil {
+		network = "udp4"
+	}
+	conn, err := net.ListenUDP(network, a)
 	if err != nil {
 		root.Close()
 		if ns != nil {

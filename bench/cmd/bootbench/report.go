@@ -242,7 +242,7 @@ func writeReport(w io.Writer, m machine, o options, l *lab, cases []benchCase, r
 		for _, s := range servers[1:] {
 			head = append(head, "bcd/"+s)
 		}
-		fmt.Fprintln(tw, strings.Join(head, "\t")+"\t")
+		fmt.Fprintln(tw, strings.Join(head, "\t"))
 		for _, i := range idx {
 			c := cases[i]
 			row := []string{c.row, c.param}
@@ -262,7 +262,7 @@ func writeReport(w io.Writer, m machine, o options, l *lab, cases []benchCase, r
 			for _, s := range servers[1:] {
 				row = append(row, ratio(stats[serverBCD], stats[s]))
 			}
-			fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
+			fmt.Fprintln(tw, strings.Join(row, "\t"))
 		}
 		tw.Flush()
 		w.Write(tb.Bytes())
@@ -298,7 +298,7 @@ func writeCPUTable(w io.Writer, section string, servers []string, cases []benchC
 	for _, s := range servers[1:] {
 		head = append(head, "bcd/"+s)
 	}
-	fmt.Fprintln(tw, strings.Join(head, "\t")+"\t")
+	fmt.Fprintln(tw, strings.Join(head, "\t"))
 	for _, i := range idx {
 		c := cases[i]
 		row := []string{c.row, c.param}
@@ -312,7 +312,7 @@ func writeCPUTable(w io.Writer, section string, servers []string, cases []benchC
 		for _, s := range servers[1:] {
 			row = append(row, ratio(stats[serverBCD], stats[s]))
 		}
-		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
+		fmt.Fprintln(tw, strings.Join(row, "\t"))
 	}
 	tw.Flush()
 }
