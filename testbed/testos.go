@@ -87,7 +87,12 @@ func (o TestOS) Build(path string) error {
 	}
 	defer os.RemoveAll(work)
 
-	// The initramfs: busybox, bcd, the modules and their indexes.
+	// The initramfs: busybox, bcd, the modules and their indexes. modprobe prints
+	// module paths in the form -d was given; an absolute directory keeps the
+	// prefix we strip from them exact.
+	if abs, err := filepath.Abs(o.ModulesDir); err == nil {
+		o.ModulesDir = abs
+	}
 	kver := filepath.Base(o.ModulesDir)
 	files := map[string]string{"/bin/bcd": o.Bcd}
 	script := filepath.Join(work, "udhcpc.sh")

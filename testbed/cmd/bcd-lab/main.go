@@ -144,19 +144,26 @@ func printTimeline(out io.Writer, f *testbed.Fleet, m *testbed.FleetMachine) {
 		fmt.Fprintf(out, "%s: no timeline: %v\n", m.Name, err)
 		return
 	}
-	var events []struct {
-		Time    time.Time `json:"time"`
-		Kind    string    `json:"kind"`
-		Message string    `json:"message"`
+	formatTimeline(out, m.Name+" ("+m.Firmware+")", []byte(o))
+}
+
+// formatTimeline renders machines events -o json as offset, kind, message lines.
+func formatTimeline(out io.Writer, title string, raw []byte) {
+	var timeline struct {
+		Events []struct {
+			Time    time.Time `json:"time"`
+			Kind    string    `json:"kind"`
+			Message string    `json:"message"`
+		} `json:"events"`
 	}
-	if err := json.Unmarshal([]byte(o), &events); err != nil || len(events) == 0 {
-		fmt.Fprintf(out, "== timeline of %s\n%s\n", m.Name, o)
+	if err := json.Unmarshal(raw, &timeline); err != nil || len(timeline.Events) == 0 {
+		fmt.Fprintf(out, "== timeline of %s\n%s\n", title, raw)
 		return
 	}
-	fmt.Fprintf(out, "== timeline of %s (%s)\n", m.Name, m.Firmware)
+	fmt.Fprintf(out, "== timeline of %s\n", title)
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	t0 := events[0].Time
-	for _, e := range events {
+	t0 := timeline.Events[0].Time
+	for _, e := range timeline.Events {
 		fmt.Fprintf(tw, "+%s\t%s\t%s\n", e.Time.Sub(t0).Round(100*time.Millisecond), e.Kind, strings.TrimSpace(e.Message))
 	}
 	tw.Flush()
