@@ -2,57 +2,26 @@ package nodeagent
 
 import (
 	"encoding/json"
-	"errors"
-	"fmt"
-	"io/fs"
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"time"
 
+	"github.com/better-compute/bcd/agent"
 	"github.com/better-compute/bcd/internal/version"
 )
 
 // StatusPath is the status socket's one route (also served at /).
 const StatusPath = "/v1/status"
 
-// listenStatus binds the unix socket at path, 0600, or 0660 when a [helper] runs
-// beside the node so the helper's group can read it. A stale socket (nobody answers)
-// is removed; a live one, or anything that is not a socket, is refused rather than
-// taken over. The directory is systemd's RuntimeDirectory (0700), which keeps the
-// socket private in the moment between bind and chmod.
+// listenStatus binds the status socket: 0600, or 0660 when a [helper] runs beside
+// the node so the helper's group can read it.
 func listenStatus(path string, helper bool) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("status socket: %w", err)
-	}
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode()&fs.ModeSocket == 0 {
-			return nil, fmt.Errorf("status socket: %s exists and is not a socket; refusing to replace it", path)
-		}
-		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
-			c.Close()
-			return nil, fmt.Errorf("status socket: another process serves %s (is bcd node already running?)", path)
-		}
-		if err := os.Remove(path); err != nil {
-			return nil, fmt.Errorf("status socket: remove the stale %s: %w", path, err)
-		}
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("status socket: %w", err)
-	}
-	ln, err := net.Listen("unix", path)
-	if err != nil {
-		return nil, fmt.Errorf("status socket: %w", err)
-	}
 	mode := os.FileMode(0o600)
 	if helper {
 		mode = 0o660
 	}
-	if err := os.Chmod(path, mode); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("status socket: %w", err)
-	}
-	return ln, nil
+	return agent.ListenStatusSocket(path, mode)
 }
 
 func newStatusServer(n *Node) *http.Server {

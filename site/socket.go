@@ -2,16 +2,12 @@ package site
 
 import (
 	"encoding/json"
-	"errors"
-	"fmt"
-	"io/fs"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"sync/atomic"
 	"time"
 
+	"github.com/better-compute/bcd/agent"
 	"github.com/better-compute/bcd/internal/version"
 )
 
@@ -53,35 +49,9 @@ type Status struct {
 	EventsUnattributed uint64 `json:"events_unattributed"`
 }
 
-// listenStatus binds the unix socket at path, 0600. A stale socket (nobody
-// answers) is removed; a live one, or anything that is not a socket, is refused.
+// listenStatus binds the status socket at path, 0600.
 func listenStatus(path string) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("status socket: %w", err)
-	}
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode()&fs.ModeSocket == 0 {
-			return nil, fmt.Errorf("status socket: %s exists and is not a socket; refusing to replace it", path)
-		}
-		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
-			c.Close()
-			return nil, fmt.Errorf("status socket: another process serves %s (is a bcd agent already running with this config?)", path)
-		}
-		if err := os.Remove(path); err != nil {
-			return nil, fmt.Errorf("status socket: remove the stale %s: %w", path, err)
-		}
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("status socket: %w", err)
-	}
-	ln, err := net.Listen("unix", path)
-	if err != nil {
-		return nil, fmt.Errorf("status socket: %w", err)
-	}
-	if err := os.Chmod(path, 0o600); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("status socket: %w", err)
-	}
-	return ln, nil
+	return agent.ListenStatusSocket(path, 0o600)
 }
 
 func (s *Site) statusServer() *http.Server {

@@ -1,0 +1,45 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// ListenStatusSocket binds an agent's status socket (socket_path) at path with mode
+// (0600, or 0660 where a helper's group must read it). A stale socket (nobody
+// answers) is removed; a live one, or anything that is not a socket, is refused
+// rather than taken over. The directory is systemd's RuntimeDirectory (0700), which
+// keeps the socket private in the moment between bind and chmod.
+func ListenStatusSocket(path string, mode os.FileMode) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("status socket: %w", err)
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&fs.ModeSocket == 0 {
+			return nil, fmt.Errorf("status socket: %s exists and is not a socket; refusing to replace it", path)
+		}
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("status socket: another process serves %s (is a bcd agent already running with this config?)", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("status socket: remove the stale %s: %w", path, err)
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("status socket: %w", err)
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("status socket: %w", err)
+	}
+	if err := os.Chmod(path, mode); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("status socket: %w", err)
+	}
+	return ln, nil
+}
