@@ -93,6 +93,7 @@ type Session struct {
 
 	mu              sync.Mutex
 	running         map[string]bool
+	finished        finishedCommands
 	state           SessionState
 	upgradeRequired bool
 }
@@ -429,6 +430,18 @@ func (s *Session) dispatch(cmd protocol.Command) {
 		s.log().Info("command already running; ignoring the repeat", "command_id", cmd.ID, "kind", cmd.Kind)
 		return
 	}
+	if st, done := s.finished.get(cmd.ID); done {
+		s.mu.Unlock()
+		// A gateway that went down before it stored the end of a command sends it
+		// again; running it twice (a second deploy, a second power cycle) would be
+		// wrong, so it gets the status it missed instead.
+		s.log().Info("command already finished; answering with its status again", "command_id", cmd.ID, "kind", cmd.Kind, "state", st.State)
+		st.Seq = 0
+		if err := s.emitStatus(st); err != nil {
+			s.log().Error("could not journal a status", "command_id", cmd.ID, "error", err.Error())
+		}
+		return
+	}
 	h, ok := s.Handlers[cmd.Kind]
 	role := s.Identity.Role
 	switch {
@@ -486,8 +499,43 @@ func (s *Session) emitStatus(st protocol.Status) error {
 	if err != nil {
 		return err
 	}
+	if protocol.Terminal(st.State) && st.CommandID != "" {
+		s.mu.Lock()
+		s.finished.add(st)
+		s.mu.Unlock()
+	}
 	s.sendLocked(protocol.FrameStatus, st)
 	return nil
+}
+
+// finishedCommands remembers the terminal statuses of the last commands this
+// process ran, so that a command the gateway sends again is answered, not rerun.
+type finishedCommands struct {
+	byID  map[string]protocol.Status
+	order []string
+}
+
+// maxFinishedCommands bounds the memory: a gateway repeats only what it sent
+// since its last restart and has no status of, far fewer than this.
+const maxFinishedCommands = 1024
+
+func (f *finishedCommands) add(st protocol.Status) {
+	if f.byID == nil {
+		f.byID = map[string]protocol.Status{}
+	}
+	if _, ok := f.byID[st.CommandID]; !ok {
+		f.order = append(f.order, st.CommandID)
+	}
+	f.byID[st.CommandID] = st
+	if len(f.order) > maxFinishedCommands {
+		delete(f.byID, f.order[0])
+		f.order = f.order[1:]
+	}
+}
+
+func (f *finishedCommands) get(id string) (protocol.Status, bool) {
+	st, ok := f.byID[id]
+	return st, ok
 }
 
 // Event journals ev and sends it if a connection is up.

@@ -210,6 +210,69 @@ func TestSessionReplaysUntilAcked(t *testing.T) {
 	}
 }
 
+// TestSessionAnswersARepeatedFinishedCommand: a gateway that restarted before it
+// stored a command's end sends the command again; the agent answers with the
+// status it journaled and does not run the command a second time.
+func TestSessionAnswersARepeatedFinishedCommand(t *testing.T) {
+	g := agenttest.New(t)
+	got := make(chan protocol.Status, 4)
+	var mu sync.Mutex
+	n := 0
+	g.OnSession = func(ctx context.Context, c *agenttest.Conn) {
+		mu.Lock()
+		n++
+		this := n
+		mu.Unlock()
+		switch this {
+		case 1:
+			c.Send(ctx, protocol.FrameCommand, protocol.Command{ID: "cmd_1", Kind: protocol.KindNodeReboot})
+			if st, ok := readStatus(t, ctx, c); ok {
+				got <- st
+				c.Send(ctx, protocol.FrameAck, protocol.Ack{Seq: st.Seq})
+			}
+			time.Sleep(50 * time.Millisecond)
+			c.Close()
+		case 2:
+			c.Send(ctx, protocol.FrameCommand, protocol.Command{ID: "cmd_1", Kind: protocol.KindNodeReboot})
+			if st, ok := readStatus(t, ctx, c); ok {
+				got <- st
+			}
+			agenttest.AckAll(ctx, c, nil)
+		}
+	}
+	f := newSession(t, g)
+	var count int
+	f.s.Handlers[protocol.KindNodeReboot] = func(ctx context.Context, cmd protocol.Command, report func(protocol.Status) error) error {
+		mu.Lock()
+		count++
+		mu.Unlock()
+		return report(protocol.Status{State: protocol.StateSucceeded, Message: "rebooted once"})
+	}
+	f.run(t)
+	var sts []protocol.Status
+	for len(sts) < 2 {
+		select {
+		case st := <-got:
+			sts = append(sts, st)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("got %d statuses, want 2", len(sts))
+		}
+	}
+	for i, st := range sts {
+		if st.CommandID != "cmd_1" || st.State != protocol.StateSucceeded || st.Message != "rebooted once" {
+			t.Errorf("status %d = %+v, want cmd_1 SUCCEEDED", i, st)
+		}
+	}
+	if sts[1].Seq == sts[0].Seq {
+		t.Errorf("the answer to the repeat reuses seq %d; want a new journal entry", sts[1].Seq)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if count != 1 {
+		t.Errorf("the handler ran %d times, want once", count)
+	}
+}
+
 func TestSessionHandlerErrorIsFailed(t *testing.T) {
 	g := agenttest.New(t)
 	got := make(chan protocol.Status, 1)
