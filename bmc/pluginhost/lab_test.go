@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -329,7 +330,11 @@ func TestPluginRunsConfined(t *testing.T) {
 }
 
 // TestPluginInItsCgroup: with [plugins] cgroup, the plugin runs in its own child of
-// it with the configured memory.max and pids.max.
+// it with the configured memory.max and pids.max. The stand-in for bcd.service holds
+// a process, as it does under systemd before 254 (which ignores
+// DelegateSubgroup=main), so the host must first move it into the main leaf.
+// On a host whose cgroup v2 lacks the controllers, testbed's TestPluginCgroupsInVM
+// runs this test inside a VM whose kernel has them all on cgroup v2.
 func TestPluginInItsCgroup(t *testing.T) {
 	needLab(t)
 	mnt := cgroup2Mount(t)
@@ -340,7 +345,7 @@ func TestPluginInItsCgroup(t *testing.T) {
 	sub, _ := os.ReadFile(filepath.Join(mnt, "cgroup.subtree_control"))
 	for _, c := range []string{"memory", "pids"} {
 		if !slices.Contains(strings.Fields(string(ctl)), c) || !slices.Contains(strings.Fields(string(sub)), c) {
-			testenv.Unsupported(t, fmt.Sprintf("cgroup v2 at %s lacks the %s controller (cgroup.controllers %q, subtree_control %q): a hybrid hierarchy binds it to cgroup v1, so plugin cgroups cannot be limited on this machine",
+			testenv.Unsupported(t, fmt.Sprintf("cgroup v2 at %s lacks the %s controller (cgroup.controllers %q, subtree_control %q): a hybrid hierarchy binds it to cgroup v1, so plugin cgroups cannot be limited on this machine; `go test -run TestPluginCgroupsInVM ./testbed` proves the same in a VM with a pure cgroup v2",
 				mnt, c, strings.TrimSpace(string(ctl)), strings.TrimSpace(string(sub))))
 		}
 	}
@@ -348,8 +353,15 @@ func TestPluginInItsCgroup(t *testing.T) {
 	if err := os.Mkdir(service, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	sleeper := exec.Command("sleep", "300")
+	if err := sleeper.Start(); err != nil {
+		os.Remove(service)
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
-		for _, d := range []string{filepath.Join(service, "plugins", "bcx-ipmi"), filepath.Join(service, "plugins"), service} {
+		sleeper.Process.Kill()
+		sleeper.Wait()
+		for _, d := range []string{filepath.Join(service, "plugins", "bcx-ipmi"), filepath.Join(service, "plugins"), filepath.Join(service, sandbox.MainLeaf), service} {
 			for i := 0; i < 50 && os.Remove(d) != nil; i++ {
 				if _, err := os.Stat(d); err != nil {
 					break
@@ -358,6 +370,9 @@ func TestPluginInItsCgroup(t *testing.T) {
 			}
 		}
 	})
+	if err := os.WriteFile(filepath.Join(service, "cgroup.procs"), []byte(strconv.Itoa(sleeper.Process.Pid)), 0); err != nil {
+		t.Fatal(err)
+	}
 	l := newLab(t, nil, nil)
 	l.host.Close()
 	self, _ := os.Executable()
@@ -367,6 +382,10 @@ func TestPluginInItsCgroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer h.Close()
+	leafProcs, _ := os.ReadFile(filepath.Join(service, sandbox.MainLeaf, "cgroup.procs"))
+	if !slices.Contains(strings.Fields(string(leafProcs)), strconv.Itoa(sleeper.Process.Pid)) {
+		t.Errorf("the process in %s (%d) was not moved into %s/: its cgroup.procs holds %q", service, sleeper.Process.Pid, sandbox.MainLeaf, leafProcs)
+	}
 	d, err := h.Driver("bcx-ipmi")
 	if err != nil {
 		t.Fatal(err)
@@ -380,12 +399,16 @@ func TestPluginInItsCgroup(t *testing.T) {
 	if !strings.Contains(string(cg), "0::"+rel+"\n") {
 		t.Errorf("plugin cgroups:\n%s\nwant 0::%s", cg, rel)
 	}
+	limits := map[string]string{}
 	for file, want := range map[string]string{"memory.max": strconv.Itoa(96 << 20), "pids.max": "48"} {
 		b, _ := os.ReadFile(filepath.Join(service, "plugins", "bcx-ipmi", file))
-		if strings.TrimSpace(string(b)) != want {
+		limits[file] = strings.TrimSpace(string(b))
+		if limits[file] != want {
 			t.Errorf("%s = %q, want %s", file, b, want)
 		}
 	}
+	t.Logf("bcd's stand-in %d moved into %s/%s; plugin bcx-ipmi pid %d (uid %d) /proc/%d/cgroup: %s; memory.max %s, pids.max %s",
+		sleeper.Process.Pid, service, sandbox.MainLeaf, st.PID, st.UID, st.PID, strings.TrimSpace(string(cg)), limits["memory.max"], limits["pids.max"])
 }
 
 func cgroup2Mount(t *testing.T) string {

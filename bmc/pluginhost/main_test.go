@@ -40,9 +40,21 @@ var (
 	buildErr  error
 )
 
-// pluginBinary builds bcx-ipmi once, static as a release builds it.
+// pluginBinaryEnv names a bcx-ipmi binary built beforehand, for a test binary that
+// runs where there is no Go toolchain (testbed's TestPluginCgroupsInVM runs this
+// package's tests inside a VM).
+const pluginBinaryEnv = "BCD_TEST_BCX_IPMI"
+
+// pluginBinary builds bcx-ipmi once, static as a release builds it, unless
+// BCD_TEST_BCX_IPMI names one.
 func pluginBinary(t *testing.T) string {
 	t.Helper()
+	if p := os.Getenv(pluginBinaryEnv); p != "" {
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("%s: %v", pluginBinaryEnv, err)
+		}
+		return p
+	}
 	buildOnce.Do(func() {
 		buildDir, buildErr = os.MkdirTemp("", "bcx-ipmi-build-")
 		if buildErr != nil {

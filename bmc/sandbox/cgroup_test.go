@@ -3,12 +3,15 @@
 package sandbox
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -138,9 +141,16 @@ func TestPrepareRefuses(t *testing.T) {
 	}
 }
 
+// inVM names the test that proves the real-cgroup tests on a kernel whose cgroup v2
+// has every controller, for hosts where they cannot run.
+const inVM = "`go test -run TestPluginCgroupsInVM ./testbed` proves the same in a VM with a pure cgroup v2"
+
 // TestPrepareRealCgroup runs the whole preparation on the kernel's cgroup v2: a
 // stand-in for bcd.service holding a process, which Prepare moves into main/; the
-// plugin's cgroup gets its limits, and a process started into it is in it.
+// plugin's cgroup gets its limits, and a process started into it is in it. A
+// process that allocates past a small memory.max is OOM-killed: the limit bites.
+// On a host whose cgroup v2 lacks the controllers, testbed's TestPluginCgroupsInVM
+// runs this test inside a VM whose kernel has them all on cgroup v2.
 func TestPrepareRealCgroup(t *testing.T) {
 	testenv.NeedRoot(t)
 	mnt := cgroup2Mount(t)
@@ -149,11 +159,11 @@ func TestPrepareRealCgroup(t *testing.T) {
 	}
 	avail, _ := readList(filepath.Join(mnt, "cgroup.controllers"))
 	if !containsAll(avail, controllers) {
-		testenv.Unsupported(t, fmt.Sprintf("cgroup v2 at %s offers %q, without memory and pids (a hybrid hierarchy: they are bound to cgroup v1), so plugin cgroups cannot be limited on this machine", mnt, strings.Join(avail, " ")))
+		testenv.Unsupported(t, fmt.Sprintf("cgroup v2 at %s offers %q, without memory and pids (a hybrid hierarchy: they are bound to cgroup v1), so plugin cgroups cannot be limited on this machine; %s", mnt, strings.Join(avail, " "), inVM))
 	}
 	enabled, _ := readList(filepath.Join(mnt, "cgroup.subtree_control"))
 	if !containsAll(enabled, controllers) {
-		testenv.Unsupported(t, fmt.Sprintf("cgroup v2 at %s does not enable memory and pids for its children (subtree_control %q)", mnt, strings.Join(enabled, " ")))
+		testenv.Unsupported(t, fmt.Sprintf("cgroup v2 at %s does not enable memory and pids for its children (subtree_control %q); %s", mnt, strings.Join(enabled, " "), inVM))
 	}
 	service := filepath.Join(mnt, fmt.Sprintf("bcd-test-%d.service", os.Getpid()))
 	if err := os.Mkdir(service, 0o755); err != nil {
@@ -167,7 +177,7 @@ func TestPrepareRealCgroup(t *testing.T) {
 	t.Cleanup(func() {
 		sleeper.Process.Kill()
 		sleeper.Wait()
-		for _, d := range []string{c.Dir("probe"), c.Path, filepath.Join(service, MainLeaf), service} {
+		for _, d := range []string{c.Dir("probe"), c.Dir(hogName), c.Path, filepath.Join(service, MainLeaf), service} {
 			for i := 0; i < 50 && os.Remove(d) != nil && dirExists(d); i++ {
 				time.Sleep(20 * time.Millisecond)
 			}
@@ -188,8 +198,10 @@ func TestPrepareRealCgroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if got := strings.TrimSpace(read(t, filepath.Join(c.Dir("probe"), "memory.max"))); got != strconv.Itoa(64<<20) {
-		t.Errorf("memory.max %q", got)
+	memMax := strings.TrimSpace(read(t, filepath.Join(c.Dir("probe"), "memory.max")))
+	pidsMax := strings.TrimSpace(read(t, filepath.Join(c.Dir("probe"), "pids.max")))
+	if memMax != strconv.Itoa(64<<20) || pidsMax != "32" {
+		t.Errorf("memory.max %q pids.max %q, want %d and 32", memMax, pidsMax, 64<<20)
 	}
 	ids, err := PluginIDs(probeName)
 	if err != nil {
@@ -200,6 +212,51 @@ func TestPrepareRealCgroup(t *testing.T) {
 	if !strings.Contains(r.Cgroup, "0::"+rel) {
 		t.Errorf("probe's cgroup:\n%s\nwant 0::%s", r.Cgroup, rel)
 	}
+	t.Logf("sleeper %d moved into %s; probe (uid %d) /proc/self/cgroup: %s; memory.max %s, pids.max %s",
+		sleeper.Process.Pid, filepath.Join(service, MainLeaf), r.UID, r.Cgroup, memMax, pidsMax)
+
+	// The limit bites: a plugin that touches more than its memory.max is killed.
+	small := &Cgroup{Path: c.Path, MemoryMax: hogLimit, PidsMax: 32}
+	hf, err := small.Plugin(hogName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hf.Close()
+	hogIDs, err := PluginIDs(hogName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin, err := os.Open(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bin.Close()
+	hog, err := Command([]string{self, "plugin-exec"}, Spec{Name: hogName, UID: hogIDs.UID, GID: hogIDs.GID, Cgroup: hf}, bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hog.Dir, hog.Env = "/", []string{"PATH=/usr/bin:/bin"}
+	out, err := hog.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("a plugin touching %d MiB under memory.max %d MiB: %v, want killed by the OOM killer\n%s", hogTouch>>20, hogLimit>>20, err, out)
+	}
+	events := read(t, filepath.Join(small.Dir(hogName), "memory.events"))
+	var ooms int
+	for _, line := range strings.Split(events, "\n") {
+		if k, v, ok := strings.Cut(line, " "); ok && k == "oom_kill" {
+			ooms, _ = strconv.Atoi(v)
+		}
+	}
+	if ooms < 1 {
+		t.Errorf("memory.events after the hog died:\n%s\nwant oom_kill >= 1", events)
+	}
+	t.Logf("hog touching %d MiB under memory.max %s: %v; memory.events oom_kill %d; output %q",
+		hogTouch>>20, strings.TrimSpace(read(t, filepath.Join(small.Dir(hogName), "memory.max"))), err, ooms, bytes.TrimSpace(out))
 }
 
 func dirExists(p string) bool {

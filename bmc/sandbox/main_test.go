@@ -21,6 +21,14 @@ import (
 // probeName is the argv[0] under which the test binary runs as a sandboxed probe.
 const probeName = "sandbox-probe"
 
+// hogName is the argv[0] under which the test binary touches hogTouch bytes, more
+// than the hogLimit its cgroup allows.
+const (
+	hogName  = "sandbox-hog"
+	hogLimit = 16 << 20
+	hogTouch = 64 << 20
+)
+
 // TestMain lets the test binary be the launcher (`<test> plugin-exec …`, as bcd
 // is) and the plugin it launches (argv[0] sandbox-probe), so the tests run the
 // real code paths in real processes.
@@ -32,6 +40,10 @@ func TestMain(m *testing.M) {
 	}
 	if filepath.Base(os.Args[0]) == probeName {
 		json.NewEncoder(os.Stdout).Encode(probe())
+		os.Exit(0)
+	}
+	if filepath.Base(os.Args[0]) == hogName {
+		hog()
 		os.Exit(0)
 	}
 	os.Exit(m.Run())
@@ -107,6 +119,21 @@ func probe() probeReport {
 	// What a network client needs still works.
 	r.UDPLoopback = udpLoopback()
 	return r
+}
+
+// hog touches every page of hogTouch bytes, kept reachable so no collection frees
+// them, and says how far it got; under its cgroup's memory.max it never finishes.
+func hog() {
+	const chunk = 1 << 20
+	var keep [][]byte
+	for len(keep)*chunk < hogTouch {
+		b := make([]byte, chunk)
+		for i := 0; i < len(b); i += os.Getpagesize() {
+			b[i] = 1
+		}
+		keep = append(keep, b)
+	}
+	fmt.Printf("touched %d MiB and was not killed\n", len(keep)*chunk>>20)
 }
 
 func errnoErr(e syscall.Errno) error {
