@@ -192,17 +192,8 @@ func (f *Fleet) startControlPlane(ctx context.Context) error {
 	if out, err := exec.Command(f.Bin.BetterCompute, "pki", "init", f.pki).CombinedOutput(); err != nil {
 		return fmt.Errorf("testbed: pki init: %v: %s", err, out)
 	}
-	cmd := f.mgmt.Command(f.Bin.BetterCompute, "serve", "--pki", f.pki, "--data", filepath.Join(f.Dir, "cp"),
-		"--listen", apiAddr, "--gateway-listen", gatewayAddr, "--operator-token-file", f.tokenFile)
-	var err error
-	if f.serve, err = StartProcess("better-compute serve", cmd, filepath.Join(f.Dir, "logs", "serve.log")); err != nil {
+	if err := f.StartControlPlane(ctx); err != nil {
 		return err
-	}
-	if err := waitFor(ctx, 60*time.Second, func() bool {
-		b, _ := os.ReadFile(f.serve.Log)
-		return bytes.Count(b, []byte("listening on")) >= 2
-	}); err != nil {
-		return fmt.Errorf("testbed: better-compute serve did not start: %w\n%s", err, f.serve.Tail(20))
 	}
 	f.logf("control plane: api https://%s, gateway https://%s", apiAddr, gatewayAddr)
 	for _, args := range [][]string{
@@ -216,17 +207,36 @@ func (f *Fleet) startControlPlane(ctx context.Context) error {
 	return nil
 }
 
-// RestartControlPlane stops better-compute serve and starts it again on the same
-// data, as an operator's upgrade or a crash would.
-func (f *Fleet) RestartControlPlane(ctx context.Context) error {
-	f.serve.Stop(15 * time.Second)
+// StartControlPlane starts better-compute serve on the lab's data (again, after
+// StopControlPlane) and waits until its api answers.
+func (f *Fleet) StartControlPlane(ctx context.Context) error {
 	cmd := f.mgmt.Command(f.Bin.BetterCompute, "serve", "--pki", f.pki, "--data", filepath.Join(f.Dir, "cp"),
 		"--listen", apiAddr, "--gateway-listen", gatewayAddr, "--operator-token-file", f.tokenFile)
 	var err error
 	if f.serve, err = StartProcess("better-compute serve", cmd, filepath.Join(f.Dir, "logs", "serve.log")); err != nil {
 		return err
 	}
-	return waitFor(ctx, 60*time.Second, func() bool { _, err := f.BC("sites", "list"); return err == nil })
+	if err := waitFor(ctx, 60*time.Second, func() bool {
+		_, err := os.Stat(f.tokenFile)
+		if err != nil {
+			return false
+		}
+		_, err = f.BC("sites", "list")
+		return err == nil
+	}); err != nil {
+		return fmt.Errorf("testbed: better-compute serve did not start: %w\n%s", err, f.serve.Tail(20))
+	}
+	return nil
+}
+
+// StopControlPlane stops better-compute serve, as a crash or an upgrade would.
+func (f *Fleet) StopControlPlane() { f.serve.Stop(15 * time.Second) }
+
+// RestartControlPlane stops better-compute serve and starts it again on the same
+// data, as an operator's upgrade or a crash would.
+func (f *Fleet) RestartControlPlane(ctx context.Context) error {
+	f.StopControlPlane()
+	return f.StartControlPlane(ctx)
 }
 
 func (f *Fleet) startSite(ctx context.Context) error {
@@ -321,11 +331,9 @@ dir = %q
 	return f.StartSiteAgent(ctx)
 }
 
-// StartSiteAgent starts bcd site (again).
+// StartSiteAgent starts bcd site (again) and waits until it is connected.
 func (f *Fleet) StartSiteAgent(ctx context.Context) error {
-	conf := filepath.Join(f.Dir, "site", "etc", "config.toml")
-	var err error
-	if f.siteAgent, err = StartProcess("bcd site", f.site.CommandSameMounts(f.Bin.Bcd, "site", "--config", conf), filepath.Join(f.Dir, "logs", "site.log")); err != nil {
+	if err := f.StartSiteAgentOffline(ctx); err != nil {
 		return err
 	}
 	if err := waitFor(ctx, 60*time.Second, func() bool {
@@ -347,6 +355,31 @@ func (f *Fleet) StartSiteAgent(ctx context.Context) error {
 	f.logf("site agent: connected; boot servers on %s (proxyDHCP :67/:4011, TFTP :69, HTTP :8080), proxy %s", ProvSite, proxyListen)
 	return nil
 }
+
+// StartSiteAgentOffline starts bcd site (again) and waits only until it has
+// started serving, which it does without the gateway: from the spec it kept.
+func (f *Fleet) StartSiteAgentOffline(ctx context.Context) error {
+	conf := filepath.Join(f.Dir, "site", "etc", "config.toml")
+	logPath := filepath.Join(f.Dir, "logs", "site.log")
+	before := int64(0)
+	if fi, err := os.Stat(logPath); err == nil {
+		before = fi.Size()
+	}
+	var err error
+	if f.siteAgent, err = StartProcess("bcd site", f.site.CommandSameMounts(f.Bin.Bcd, "site", "--config", conf), logPath); err != nil {
+		return err
+	}
+	if err := waitFor(ctx, 60*time.Second, func() bool {
+		b, _ := os.ReadFile(logPath)
+		return int64(len(b)) > before && bytes.Contains(b[before:], []byte("bcd site started"))
+	}); err != nil {
+		return fmt.Errorf("testbed: bcd site did not start: %w\n%s", err, f.siteAgent.Tail(30))
+	}
+	return nil
+}
+
+// SiteAgent is the running bcd site.
+func (f *Fleet) SiteAgent() *Process { return f.siteAgent }
 
 // StopSiteAgent stops bcd site.
 func (f *Fleet) StopSiteAgent() { f.siteAgent.Stop(15 * time.Second) }
