@@ -63,6 +63,13 @@ type Fleet struct {
 	Image    string // the OS image to deploy, raw
 	Log      io.Writer
 	Machines []*FleetMachine
+	// Downloads, when set, is serve's --downloads-dir: the release archives an
+	// install script fetches from {api}/downloads/….
+	Downloads string
+	// ProxyAllow are destinations (host:port) the site's proxy lets machines
+	// reach besides the gateway, the boot server and the image server, such as
+	// the api for an install script's downloads.
+	ProxyAllow []string
 
 	mgmt, site, dhcpNS *Netns
 	serve, siteAgent   *Process
@@ -196,10 +203,11 @@ func (f *Fleet) startControlPlane(ctx context.Context) error {
 		return err
 	}
 	f.logf("control plane: api https://%s, gateway https://%s", apiAddr, gatewayAddr)
-	for _, args := range [][]string{
-		{"sites", "create", "lab"},
-		{"sites", "set-proxy", "lab", "--listen", proxyListen, "--allow", imageAddr},
-	} {
+	proxy := []string{"sites", "set-proxy", "lab", "--listen", proxyListen, "--allow", imageAddr}
+	for _, d := range f.ProxyAllow {
+		proxy = append(proxy, "--allow", d)
+	}
+	for _, args := range [][]string{{"sites", "create", "lab"}, proxy} {
 		if _, err := f.BC(args...); err != nil {
 			return err
 		}
@@ -210,8 +218,12 @@ func (f *Fleet) startControlPlane(ctx context.Context) error {
 // StartControlPlane starts better-compute serve on the lab's data (again, after
 // StopControlPlane) and waits until its api answers.
 func (f *Fleet) StartControlPlane(ctx context.Context) error {
-	cmd := f.mgmt.Command(f.Bin.BetterCompute, "serve", "--pki", f.pki, "--data", filepath.Join(f.Dir, "cp"),
-		"--listen", apiAddr, "--gateway-listen", gatewayAddr, "--operator-token-file", f.tokenFile)
+	args := []string{"serve", "--pki", f.pki, "--data", filepath.Join(f.Dir, "cp"),
+		"--listen", apiAddr, "--gateway-listen", gatewayAddr, "--operator-token-file", f.tokenFile}
+	if f.Downloads != "" {
+		args = append(args, "--downloads-dir", f.Downloads)
+	}
+	cmd := f.mgmt.Command(f.Bin.BetterCompute, args...)
 	var err error
 	if f.serve, err = StartProcess("better-compute serve", cmd, filepath.Join(f.Dir, "logs", "serve.log")); err != nil {
 		return err
