@@ -494,13 +494,7 @@ func (f *Fleet) WaitState(ctx context.Context, m *FleetMachine, want string, tim
 // WaitNodeBack waits until the machine's node has a new session after a reboot.
 func (f *Fleet) WaitNodeBack(ctx context.Context, m *FleetMachine, timeout time.Duration) error {
 	node, session := f.node(m)
-	if node == "" {
-		return fmt.Errorf("machine %s has no node", m.Name)
-	}
-	return waitFor(ctx, timeout, func() bool {
-		n, s := f.node(m)
-		return n == node && s != 0 && s != session
-	})
+	return f.waitNodeSession(ctx, m, node, session, timeout)
 }
 
 // node returns the id and open session of the machine's installed OS's node.
