@@ -5,9 +5,13 @@
 // sparse image), curl | dd (and with a sha256sum beside it, as deploy does), and
 // curl | zstd -dc | dd and curl | xz -dc | dd. Each
 // case runs -runs times, interleaved; the table shows medians in MB/s (image bytes,
-// 10^6 per MB, fsync included) and the ratios the deploy package aims at.
+// 10^6 per MB, fsync included), the CPU time each case spent per GiB, and the
+// ratios the deploy package aims at. On this shared machine the CPU column is the
+// steadier figure: a case's rate falls with the other tenants' load in proportion
+// to the CPU it needs.
 //
 //	go run ./bench/deploy [-dir /tmp/bcd-bench-deploy] [-size 1073741824] [-runs 3] [-keep]
+//	    [-only REGEXP] [-cpuprofile FILE] [-v] [-buffer BYTES] [-buffers N] [-writers N]
 package main
 
 import (
@@ -18,17 +22,23 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
+	"runtime/pprof"
 	"sort"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/better-compute/bcd/deploy"
 	"github.com/better-compute/bcd/protocol"
@@ -54,6 +64,9 @@ type benchCase struct {
 	shell string
 	// prepare runs untimed before each run (removing a file target).
 	deploy bool
+	// hash times crypto/sha256 over the image file (page cache), writing nothing:
+	// the most deploy can do while it checks the digest on one stream.
+	hash bool
 }
 
 func run(args []string, stdout io.Writer) error {
@@ -63,6 +76,12 @@ func run(args []string, stdout io.Writer) error {
 	runs := fs.Int("runs", 3, "runs of each case")
 	keep := fs.Bool("keep", false, "keep the images for the next run")
 	noLoop := fs.Bool("no-loop", false, "skip the loop device even as root")
+	only := fs.String("only", "", "run only the cases whose name matches this regular expression (the ratios of the others print as 0)")
+	bufSize := fs.Int("buffer", 0, "deploy's ring buffer size in bytes (0: its default)")
+	buffers := fs.Int("buffers", 0, "deploy's ring buffers (0: its default)")
+	writers := fs.Int("writers", 0, "deploy's writes in flight (0: its default)")
+	verbose := fs.Bool("v", false, "log deploy's steps to stderr, with the time each took")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (deploy and the image server) to this file")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -108,6 +127,9 @@ func run(args []string, stdout io.Writer) error {
 		// What deploy does, in shell: the digest beside the write.
 		{name: "curl | tee >(sha256sum) | dd raw", shell: "curl -sf URL:raw | tee >(sha256sum >/dev/null) | dd of=TARGET bs=4M iflag=fullblock oflag=direct conv=fsync status=none"},
 		{name: "deploy raw", image: "raw", deploy: true},
+		// Not writes: what hashing alone runs at here, in Go (deploy's) and OpenSSL.
+		{name: "sha256 (Go) of raw, no write", image: "raw", hash: true},
+		{name: "openssl sha256 of raw, no write", shell: "openssl dgst -sha256 IMG:raw >/dev/null"},
 		{name: "dd sparse", shell: "dd if=IMG:sparse of=TARGET bs=4M oflag=direct conv=fsync status=none"},
 		{name: "dd sparse (conv=sparse)", shell: "ZERO && dd if=IMG:sparse of=TARGET bs=4M oflag=direct conv=sparse,notrunc,fsync status=none"},
 		{name: "curl | dd sparse (conv=sparse)", shell: "ZERO && curl -sf URL:sparse | dd of=TARGET bs=4M iflag=fullblock oflag=direct conv=sparse,notrunc,fsync status=none"},
@@ -117,45 +139,111 @@ func run(args []string, stdout io.Writer) error {
 		{name: "curl | xz -dc -T0 | dd", shell: "curl -sf URL:xz | xz -dc -T0 | dd of=TARGET bs=4M iflag=fullblock oflag=direct conv=fsync status=none"},
 		{name: "deploy xz", image: "xz", deploy: true},
 	}
+	if *only != "" {
+		re, err := regexp.Compile(*only)
+		if err != nil {
+			return fmt.Errorf("-only: %w", err)
+		}
+		var keep []benchCase
+		for _, c := range cases {
+			if re.MatchString(c.name) {
+				keep = append(keep, c)
+			}
+		}
+		cases = keep
+	}
+	if _, err := exec.LookPath("openssl"); err != nil {
+		var keep []benchCase
+		for _, c := range cases {
+			if !strings.HasPrefix(c.shell, "openssl") {
+				keep = append(keep, c)
+			}
+		}
+		cases = keep
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer f.Close()
+		defer pprof.StopCPUProfile()
+	}
 	loadBefore := loadavg()
-	results := map[string][]float64{} // target|case -> MB/s
+	results := map[string][]float64{}    // target|case -> MB/s
+	cpuResults := map[string][]float64{} // target|case -> CPU seconds per GiB
 	for r := 0; r < *runs; r++ {
 		for _, target := range targets {
 			for _, c := range cases {
-				secs, err := runCase(c, target, imgs, base, *size)
+				tune := deploy.Deployer{BufferSize: *bufSize, Buffers: *buffers, Writers: *writers}
+				cpu0 := cpuTime()
+				secs, err := runCase(c, target, imgs, base, *size, *verbose, tune)
 				if err != nil {
 					return fmt.Errorf("%s to %s: %w", c.name, target, err)
 				}
+				cpuPerGiB := (cpuTime() - cpu0).Seconds() / (float64(*size) / (1 << 30))
 				mbps := float64(*size) / 1e6 / secs
 				results[target+"|"+c.name] = append(results[target+"|"+c.name], mbps)
-				fmt.Fprintf(os.Stderr, "run %d %-28s %-40s %7.1f MB/s\n", r+1, c.name, target, mbps)
+				cpuResults[target+"|"+c.name] = append(cpuResults[target+"|"+c.name], cpuPerGiB)
+				fmt.Fprintf(os.Stderr, "run %d %-28s %-40s %7.1f MB/s %5.2f CPU s/GiB\n", r+1, c.name, target, mbps, cpuPerGiB)
 			}
 		}
 	}
 
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(stdout, "\n%d MiB image, medians of %d runs, MB/s including fsync; deploy checks SHA-256 of the served bytes\n", *size>>20, *runs)
+	var uname unix.Utsname
+	_ = unix.Uname(&uname)
+	fmt.Fprintf(stdout, "\nbench/deploy %s UTC: Linux %s, %d CPUs shared by deploy, the image server and the peers; %s\n",
+		time.Now().UTC().Format("2006-01-02 15:04"), unix.ByteSliceToString(uname.Release[:]), runtime.NumCPU(), runtime.Version())
+	for _, v := range [][]string{{"dd", "--version"}, {"curl", "--version"}, {"zstd", "--version"}} {
+		out, _ := exec.Command(v[0], v[1]).Output()
+		line, _, _ := strings.Cut(string(out), "\n")
+		line, _, _ = strings.Cut(line, " libcurl")
+		fmt.Fprintf(stdout, "  %s\n", line)
+	}
+	fmt.Fprintf(stdout, "%d MiB image, median of %d runs (± half the spread), cases interleaved; MB/s of image including fsync; deploy checks SHA-256 of the served bytes\n", *size>>20, *runs)
+	// On a shared machine the CPU a case spends per byte says more than its rate:
+	// the more it needs, the more the other tenants' load slows it.
+	fmt.Fprintf(stdout, "CPU s/GiB: user+system time of the benchmark process (the image server included) and of the peers' processes, per GiB of image\n")
 	// Runs here vary with whatever else the machine does: say how busy it was.
-	fmt.Fprintf(stdout, "load average before %s, after %s, %d CPUs\n", loadBefore, loadavg(), runtime.NumCPU())
+	fmt.Fprintf(stdout, "load average before %s, after %s\n", loadBefore, loadavg())
 	for _, target := range targets {
 		kind := "file"
 		if strings.HasPrefix(target, "/dev/") {
 			kind = "loop device"
 		}
-		fmt.Fprintf(tw, "%s (%s)\t\t\n", kind, target)
+		fmt.Fprintf(tw, "%s (%s)\tMB/s\tCPU s/GiB\t\n", kind, target)
 		for _, c := range cases {
-			fmt.Fprintf(tw, "%s\t%.0f\t\n", c.name, median(results[target+"|"+c.name]))
+			v := results[target+"|"+c.name]
+			fmt.Fprintf(tw, "%s\t%.0f ±%.0f%%\t%.2f\t\n", c.name, median(v), spread(v), median(cpuResults[target+"|"+c.name]))
 		}
 		m := func(name string) float64 { return median(results[target+"|"+name]) }
-		fmt.Fprintf(tw, "ratio deploy raw / dd raw (aim >= 0.95)\t%.2f\t\n", m("deploy raw")/m("dd raw"))
-		fmt.Fprintf(tw, "ratio deploy raw / curl | dd\t%.2f\t\n", m("deploy raw")/m("curl | dd raw"))
-		fmt.Fprintf(tw, "ratio deploy raw / curl | tee >(sha256sum) | dd\t%.2f\t\n", m("deploy raw")/m("curl | tee >(sha256sum) | dd raw"))
-		fmt.Fprintf(tw, "ratio deploy sparse / curl | dd conv=sparse\t%.2f\t\n", m("deploy sparse")/m("curl | dd sparse (conv=sparse)"))
-		fmt.Fprintf(tw, "ratio deploy sparse / dd conv=sparse (aim > 1)\t%.2f\t\n", m("deploy sparse")/m("dd sparse (conv=sparse)"))
-		fmt.Fprintf(tw, "ratio deploy sparse / dd sparse (aim > 1)\t%.2f\t\n", m("deploy sparse")/m("dd sparse"))
-		fmt.Fprintf(tw, "ratio deploy zstd / zstd pipeline (aim >= 0.9)\t%.2f\t\n", m("deploy zstd")/m("curl | zstd -dc | dd"))
-		fmt.Fprintf(tw, "ratio deploy xz / xz pipeline\t%.2f\t\n", m("deploy xz")/m("curl | xz -dc -T0 | dd"))
-		fmt.Fprintf(tw, "\t\t\n")
+		ratio := func(label, a, b string) {
+			// Only the cases -only kept have figures.
+			if m(a) > 0 && m(b) > 0 {
+				fmt.Fprintf(tw, "ratio %s\t%.2f\t\t\n", label, m(a)/m(b))
+			}
+		}
+		ratio("deploy raw / dd raw (aim >= 0.95)", "deploy raw", "dd raw")
+		ratio("deploy raw / curl | dd", "deploy raw", "curl | dd raw")
+		ratio("deploy raw / curl | tee >(sha256sum) | dd", "deploy raw", "curl | tee >(sha256sum) | dd raw")
+		ratio("sha256 (Go) alone / dd raw: the digest's own ceiling", "sha256 (Go) of raw, no write", "dd raw")
+		ratio("deploy raw / sha256 (Go) alone", "deploy raw", "sha256 (Go) of raw, no write")
+		ratio("deploy sparse / curl | dd conv=sparse", "deploy sparse", "curl | dd sparse (conv=sparse)")
+		ratio("deploy sparse / dd conv=sparse (aim > 1)", "deploy sparse", "dd sparse (conv=sparse)")
+		ratio("deploy sparse / dd sparse (aim > 1)", "deploy sparse", "dd sparse")
+		ratio("deploy zstd / zstd pipeline (aim >= 0.9)", "deploy zstd", "curl | zstd -dc | dd")
+		ratio("deploy xz / xz pipeline", "deploy xz", "curl | xz -dc -T0 | dd")
+		cpu := func(name string) float64 { return median(cpuResults[target+"|"+name]) }
+		for _, pair := range [][2]string{{"deploy raw", "dd raw"}, {"deploy raw", "curl | dd raw"}, {"deploy sparse", "dd sparse"}, {"deploy zstd", "curl | zstd -dc | dd"}} {
+			if cpu(pair[0]) > 0 && cpu(pair[1]) > 0 {
+				fmt.Fprintf(tw, "CPU per GiB %s / %s\t\t%.2f\t\n", pair[0], pair[1], cpu(pair[0])/cpu(pair[1]))
+			}
+		}
+		fmt.Fprintf(tw, "\t\t\t\n")
 	}
 	return tw.Flush()
 }
@@ -166,6 +254,18 @@ func loadavg() string {
 		return "?"
 	}
 	return strings.Join(strings.Fields(string(b))[:3], " ")
+}
+
+// spread is half the range of v, in percent of its median.
+func spread(v []float64) float64 {
+	if len(v) == 0 || median(v) == 0 {
+		return 0
+	}
+	lo, hi := v[0], v[0]
+	for _, x := range v {
+		lo, hi = min(lo, x), max(hi, x)
+	}
+	return (hi - lo) / 2 / median(v) * 100
 }
 
 func median(v []float64) float64 {
@@ -179,7 +279,7 @@ func median(v []float64) float64 {
 
 // runCase times one run; a file target is removed first (untimed), as a fresh
 // target is what both deploy and dd start from.
-func runCase(c benchCase, target string, imgs map[string]*image, base string, size int64) (float64, error) {
+func runCase(c benchCase, target string, imgs map[string]*image, base string, size int64, verbose bool, tune deploy.Deployer) (float64, error) {
 	block := strings.HasPrefix(target, "/dev/")
 	if fi, err := os.Lstat(target); err == nil && fi.Mode().IsRegular() {
 		if err := os.Remove(target); err != nil {
@@ -188,9 +288,16 @@ func runCase(c benchCase, target string, imgs map[string]*image, base string, si
 	} else if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return 0, err
 	}
+	if c.hash {
+		return hashFile(imgs[c.image].path)
+	}
 	if c.deploy {
 		img := imgs[c.image]
-		d := &deploy.Deployer{AllowHTTP: true, AllowFileTarget: true}
+		d := &deploy.Deployer{AllowHTTP: true, AllowFileTarget: true,
+			BufferSize: tune.BufferSize, Buffers: tune.Buffers, Writers: tune.Writers}
+		if verbose {
+			d.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+		}
 		p := protocol.DeployImageParams{
 			Image:  protocol.DeployImage{URL: base + "/" + filepath.Base(img.path), SHA256: img.sha, Size: img.size, Format: img.format, ImageSize: img.imageSize},
 			Target: protocol.DeployTarget{Path: target},
@@ -367,4 +474,31 @@ func loopDevice(dir string, size int64) (string, func(), error) {
 	}
 	dev := strings.TrimSpace(string(out))
 	return dev, func() { exec.Command("losetup", "-d", dev).Run() }, nil
+}
+
+// cpuTime is the CPU time of this process (deploy and the image server) and of
+// the children it has waited for (the peers' pipelines).
+func cpuTime() time.Duration {
+	var total time.Duration
+	for _, who := range []int{syscall.RUSAGE_SELF, syscall.RUSAGE_CHILDREN} {
+		var ru syscall.Rusage
+		if err := syscall.Getrusage(who, &ru); err == nil {
+			total += time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+		}
+	}
+	return total
+}
+
+func hashFile(path string) (float64, error) {
+	start := time.Now()
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.CopyBuffer(h, f, make([]byte, 4<<20)); err != nil {
+		return 0, err
+	}
+	return time.Since(start).Seconds(), nil
 }
