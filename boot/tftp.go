@@ -1,7 +1,6 @@
 package boot
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -16,8 +15,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-
-	"github.com/pin/tftp/v3"
 )
 
 // MaxTFTPFile is the largest file the TFTP server sends. iPXE binaries are under 2 MB;
@@ -34,9 +31,10 @@ type TFTPStats struct {
 	NotFound  uint64 // requests for a file the root does not hold (iPXE probes autoexec.ipxe)
 	Refused   uint64 // requests outside the rules: a write, a path leaving the root, not a regular file, too large
 	Busy      uint64 // requests refused because MaxTransfers were running
-	Failed    uint64 // transfers abandoned: the client stopped acknowledging, or sent an error
-	Errors    uint64 // packets the TFTP library could not use: unparsable, or an opcode that starts nothing
-	// Retransmits counts blocks sent again after a timeout, in completed transfers.
+	Failed    uint64 // transfers abandoned: the client stopped acknowledging, went away, or sent an error
+	Errors    uint64 // datagrams at the server's port that start nothing: unparsable, or not a request
+	// Retransmits counts blocks sent again, in completed transfers: after a
+	// timeout, or from where a windowsize client said a block was missing.
 	Retransmits uint64
 }
 
@@ -44,20 +42,29 @@ type tftpCounters struct {
 	transfers, bytes, notFound, refused, busy, failed, errors, retransmits atomic.Uint64
 }
 
-// TFTPServer serves the iPXE binaries over TFTP (RFC 1350, with the blksize and
-// tsize options of RFC 2348 and 2349), read-only and confined to Root. The zero value
-// of every optional field means the default.
+// TFTPServer serves the iPXE binaries over TFTP (RFC 1350, with the options of RFC
+// 2347: blksize, tsize, timeout and windowsize of RFC 2348, 2349 and 7440),
+// read-only and confined to Root. The zero value of every optional field means the
+// default.
 //
 // Files are read once into memory and sent from there (read again when their size
-// or modification time changes). The server is built on github.com/pin/tftp/v3,
-// whose limits show through: there is no windowsize (RFC 7440), so each block waits
-// for its acknowledgement even for a client that offers a window; every error packet
-// carries code 1, with a message saying what is wrong ("file not found", "access
-// violation: …", "server busy, try again"); and for a request whose interface the
-// kernel does not report (seen on loopback, a few requests in a thousand) the
-// library grants 512-byte blocks whatever the client asked for.
+// or modification time changes). Each transfer has a socket of its own, connected
+// to the client (its transfer ID, as RFC 1350 asks); on Linux one goroutine polls
+// all of them with epoll, as dnsmasq polls its transfers from one thread, so a
+// block costs a recv of the acknowledgement and a send of the next block, with no
+// deadline to set and no goroutine to wake. A block is sent again on a timeout,
+// never on a duplicate acknowledgement (no Sorcerer's Apprentice), and for a
+// windowsize client from the block after the one it acknowledged. Error
+// packets carry the codes of RFC 1350: 1 "file not found", 2 "access violation:
+// …", 0 "server busy, try again"; 8 for options the server cannot honour never
+// occurs, as options it cannot honour are left out of the OACK.
+//
+// windowsize helps only the clients that ask for it. iPXE does not (it asks for
+// blksize and tsize), nor do tftp-hpa's client and curl: they get one block per
+// acknowledgement, and the speed of the lock-step path is what a PXE boot sees.
 type TFTPServer struct {
-	// Addr is the UDP address to listen on; empty means ":69".
+	// Addr is the UDP address to listen on; empty means ":69". A wildcard or IPv4
+	// host listens on IPv4 only (PXE is IPv4).
 	Addr string
 	// Root is the directory served ([boot] tftp_root). Only regular files inside it
 	// are sent: absolute paths, "..", symlinks that leave it, devices and
@@ -67,13 +74,14 @@ type TFTPServer struct {
 	// an error packet at once rather than waiting. 0 means 64.
 	MaxTransfers int
 	// Timeout is how long the server waits for an acknowledgement before sending a
-	// block again; 0 means 1 s.
+	// block again, unless the client negotiates its own (RFC 2349); 0 means 1 s.
 	Timeout time.Duration
-	// Retries is how many times a block is sent before the transfer is abandoned;
-	// 0 means 5.
+	// Retries is how many times a block is sent again before the transfer is
+	// abandoned; 0 means 5.
 	Retries int
 	// MaxBlockSize caps the block size a client may negotiate; 0 means what the
-	// interface's MTU allows.
+	// MTU of the interface the request came in on allows (1468 where the kernel
+	// does not say which interface that was).
 	MaxBlockSize int
 	// Observer hears of every file sent whole; nil discards.
 	Observer Observer
@@ -81,17 +89,24 @@ type TFTPServer struct {
 	// discards.
 	Logger *slog.Logger
 
-	stats tftpCounters
+	stats  tftpCounters
+	active atomic.Int64 // transfers running
 
 	mu     sync.Mutex
 	conn   *net.UDPConn
-	srv    *tftp.Server
 	root   *os.Root
 	netns  *os.File // the network namespace Listen ran in
-	sem    chan struct{}
+	max    int
 	log    *slog.Logger
 	cache  map[string]*tftpFile
 	cached int64
+	mtus   map[int]tftpMTU
+}
+
+// tftpMTU is an interface's MTU as read at a time.
+type tftpMTU struct {
+	mtu  int
+	read time.Time
 }
 
 // tftpFile is a file's contents as they were when read, with what identifies that
@@ -147,13 +162,19 @@ func (s *TFTPServer) Listen() error {
 		root.Close()
 		return err
 	}
-	// PXE is IPv4. A wildcard "udp" socket is dual-stack, and pin/tftp then sizes
-	// blocks for IPv6 (an IPv4 client asking for 1468 gets 1452).
+	// PXE is IPv4. A wildcard "udp" socket is dual-stack, and blocks sized for its
+	// IPv6 headers would cost an IPv4 client 20 bytes of each (1452 for 1468).
 	network := "udp6"
 	if a.IP == nil || a.IP.To4() != nil {
 		network = "udp4"
 	}
 	conn, err := net.ListenUDP(network, a)
+	if err == nil {
+		err = tftpEnablePktinfo(conn)
+		if err != nil {
+			conn.Close()
+		}
+	}
 	if err != nil {
 		root.Close()
 		if ns != nil {
@@ -165,24 +186,14 @@ func (s *TFTPServer) Listen() error {
 	if max <= 0 {
 		max = 64
 	}
-	srv := tftp.NewServer(s.read, s.write)
-	srv.SetTimeout(orDuration(s.Timeout, time.Second))
-	srv.SetRetries(s.Retries)
-	// Retransmit as soon as the timeout says a block was lost; the library's
-	// default adds a random pause of up to a second on top.
-	srv.SetBackoff(func(int) time.Duration { return 0 })
-	if s.MaxBlockSize > 0 {
-		srv.SetBlockSize(s.MaxBlockSize)
-	}
-	srv.SetHook(tftpHook{s})
 	s.mu.Lock()
-	s.conn, s.srv, s.root, s.netns = conn, srv, root, ns
-	s.sem = make(chan struct{}, max)
+	s.conn, s.root, s.netns, s.max = conn, root, ns, max
 	s.log = s.Logger
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	s.cache = map[string]*tftpFile{}
+	s.mtus = map[int]tftpMTU{}
 	s.mu.Unlock()
 	return nil
 }
@@ -201,7 +212,7 @@ func (s *TFTPServer) LocalAddr() netip.AddrPort {
 // to finish or time out.
 func (s *TFTPServer) Serve(ctx context.Context) error {
 	s.mu.Lock()
-	conn, srv, root, ns := s.conn, s.srv, s.root, s.netns
+	conn, root, ns := s.conn, s.root, s.netns
 	s.mu.Unlock()
 	if conn == nil {
 		return errors.New("TFTP: Serve before Listen")
@@ -210,16 +221,52 @@ func (s *TFTPServer) Serve(ctx context.Context) error {
 	if ns != nil {
 		defer ns.Close()
 	}
-	errc := make(chan error, 1)
-	go func() { errc <- serveInNetns(ns, func() error { return srv.Serve(conn) }) }()
-	select {
-	case err := <-errc:
+	p, err := newTFTPPoller(s)
+	if err != nil {
+		conn.Close()
 		return fmt.Errorf("TFTP: %w", err)
-	case <-ctx.Done():
 	}
-	srv.Shutdown()
-	<-errc
+	polled := make(chan struct{})
+	go func() { p.run(); close(polled) }()
+	errc := make(chan error, 1)
+	go func() { errc <- serveInNetns(ns, func() error { return s.serveRequests(conn, p) }) }()
+	var serr error
+	select {
+	case serr = <-errc:
+		conn.Close()
+	case <-ctx.Done():
+		conn.Close()
+		<-errc
+	}
+	p.close()
+	<-polled
+	if serr != nil {
+		return fmt.Errorf("TFTP: %w", serr)
+	}
 	return nil
+}
+
+// serveRequests reads requests at the server's port until conn is closed. It runs
+// on a thread in the namespace Listen ran in: the transfer sockets it opens, and
+// the interface it asks the MTU of, must be there.
+func (s *TFTPServer) serveRequests(conn *net.UDPConn, p *tftpPoller) error {
+	buf := make([]byte, 2048)
+	oob := make([]byte, 256)
+	for {
+		n, oobn, _, from, err := conn.ReadMsgUDPAddrPort(buf, oob)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			var errno syscall.Errno
+			if errors.As(err, &errno) && errno.Temporary() {
+				continue
+			}
+			return err
+		}
+		local, ifindex := tftpParsePktinfo(oob[:oobn])
+		s.request(buf[:n], from, local, ifindex, p)
+	}
 }
 
 // Errors the client reads in the error packet: fixed texts that name no path.
@@ -228,28 +275,67 @@ var (
 	errTFTPAccess   = errors.New("access violation")
 	errTFTPBusy     = errors.New("server busy, try again")
 	errTFTPReadOnly = errors.New("access violation: this server is read-only")
+	errTFTPIllegal  = errors.New("illegal TFTP operation")
 )
 
-func (s *TFTPServer) read(filename string, rf io.ReaderFrom) error {
-	ot, _ := rf.(tftp.OutgoingTransfer)
-	var remote netip.AddrPort
-	if ot != nil {
-		a := ot.RemoteAddr()
-		remote = a.AddrPort()
+// tftpErrorCode is the RFC 1350 code an error packet carries for err.
+func tftpErrorCode(err error) uint16 {
+	switch {
+	case errors.Is(err, errTFTPNotFound):
+		return 1
+	case errors.Is(err, errTFTPAccess), errors.Is(err, errTFTPReadOnly):
+		return 2
+	case errors.Is(err, errTFTPIllegal):
+		return 4
 	}
+	return 0
+}
+
+// request answers one datagram at the server's port: a transfer handed to the
+// poller, or an error packet.
+func (s *TFTPServer) request(b []byte, from netip.AddrPort, local netip.Addr, ifindex int, p *tftpPoller) {
 	debug := s.log.Enabled(context.Background(), slog.LevelDebug)
-	select {
-	case s.sem <- struct{}{}:
-		defer func() { <-s.sem }()
-	default:
+	req, err := parseTFTPRequest(b)
+	if err != nil {
+		s.stats.errors.Add(1)
+		if debug {
+			s.log.Debug("TFTP: request failed", "from", from, "err", err)
+		}
+		// Only a datagram that claims to be a request gets an answer: answering
+		// stray ACKs or errors could start a loop with another server.
+		if len(b) >= 2 && (b[1] == tftpOpRRQ || b[1] == tftpOpWRQ) && b[0] == 0 {
+			s.sendError(local, from, errTFTPIllegal)
+		}
+		return
+	}
+	if req.op == tftpOpWRQ {
+		s.stats.refused.Add(1)
+		if debug {
+			s.log.Debug("TFTP: write refused", "from", from, "file", req.name)
+		}
+		s.sendError(local, from, errTFTPReadOnly)
+		return
+	}
+	if req.mode != "octet" && req.mode != "netascii" {
+		s.stats.refused.Add(1)
+		if debug {
+			s.log.Debug("TFTP: refused", "from", from, "file", req.name, "mode", req.mode)
+		}
+		s.sendError(local, from, errTFTPIllegal)
+		return
+	}
+	if n := s.active.Add(1); n > int64(s.max) {
+		s.active.Add(-1)
 		s.stats.busy.Add(1)
 		if debug {
-			s.log.Debug("TFTP: busy", "from", remote, "file", filename)
+			s.log.Debug("TFTP: busy", "from", from, "file", req.name)
 		}
-		return errTFTPBusy
+		s.sendError(local, from, errTFTPBusy)
+		return
 	}
-	f, err := s.open(filename)
+	f, err := s.open(req.name)
 	if err != nil {
+		s.active.Add(-1)
 		switch {
 		case errors.Is(err, errTFTPNotFound):
 			s.stats.notFound.Add(1)
@@ -257,42 +343,102 @@ func (s *TFTPServer) read(filename string, rf io.ReaderFrom) error {
 			s.stats.refused.Add(1)
 		}
 		if debug {
-			s.log.Debug("TFTP: refused", "from", remote, "file", filename, "err", err)
+			s.log.Debug("TFTP: refused", "from", from, "file", req.name, "err", err)
 		}
-		return err
+		s.sendError(local, from, err)
+		return
 	}
-	n, err := rf.ReadFrom(bytes.NewReader(f.data))
+	data := f.data
+	if req.mode == "netascii" {
+		data = toNetascii(data)
+	}
+	t := newTFTPTransfer(req, data, s.negotiate(req, int64(len(data)), s.maxBlockSize(from, ifindex)))
+	t.remote = from
+	t.retries = s.retries()
+	if err := t.open(local, from); err != nil {
+		s.active.Add(-1)
+		s.stats.failed.Add(1)
+		s.log.Warn("TFTP: opening a transfer socket", "to", from, "err", err)
+		return
+	}
+	p.add(t)
+}
+
+// sendError answers from with an error packet from a socket of its own, as a
+// transfer would have.
+func (s *TFTPServer) sendError(local netip.Addr, to netip.AddrPort, err error) {
+	t := &tftpTransfer{}
+	if oerr := t.open(local, to); oerr != nil {
+		return
+	}
+	t.write(tftpErrorPacket(nil, err))
+	t.close()
+}
+
+// maxBlockSize is the largest block a client at from may have: what the MTU of
+// the interface its request came in on carries, and MaxBlockSize.
+func (s *TFTPServer) maxBlockSize(from netip.AddrPort, ifindex int) int {
+	if s.MaxBlockSize > 0 {
+		return min(s.MaxBlockSize, tftpMaxBlksize)
+	}
+	mtu := 1500
+	if ifindex > 0 {
+		now := time.Now()
+		s.mu.Lock()
+		m, ok := s.mtus[ifindex]
+		s.mu.Unlock()
+		// An MTU is read again after a while: interfaces change, and asking the
+		// kernel for every request costs a netlink round trip.
+		if !ok || now.Sub(m.read) > 10*time.Second {
+			if ifi, err := net.InterfaceByIndex(ifindex); err == nil && ifi.MTU > 0 {
+				m = tftpMTU{mtu: ifi.MTU, read: now}
+				s.mu.Lock()
+				s.mtus[ifindex] = m
+				s.mu.Unlock()
+				ok = true
+			}
+		}
+		if ok {
+			mtu = m.mtu
+		}
+	}
+	hdr := 28 // IPv4 and UDP headers
+	if from.Addr().Is6() && !from.Addr().Is4In6() {
+		hdr = 48
+	}
+	return max(min(mtu-hdr, tftpMaxBlksize), 512)
+}
+
+func (s *TFTPServer) timeout() time.Duration { return orDuration(s.Timeout, time.Second) }
+
+func (s *TFTPServer) retries() int {
+	if s.Retries <= 0 {
+		return 5
+	}
+	return s.Retries
+}
+
+// finished counts and reports a transfer that ended, whole or not, and frees its
+// slot.
+func (s *TFTPServer) finished(t *tftpTransfer, err error) {
+	s.active.Add(-1)
+	debug := s.log.Enabled(context.Background(), slog.LevelDebug)
 	if err != nil {
 		s.stats.failed.Add(1)
 		if debug {
-			s.log.Debug("TFTP: transfer failed", "from", remote, "file", filename, "sent", n, "err", err)
+			s.log.Debug("TFTP: transfer failed", "from", t.remote, "file", t.name, "sent", t.bytesAcked(), "err", err)
 		}
-		// The library has told the client already.
-		return nil
+		return
 	}
 	s.stats.transfers.Add(1)
-	s.stats.bytes.Add(uint64(n))
+	s.stats.bytes.Add(uint64(len(t.data)))
+	s.stats.retransmits.Add(t.retransmits)
 	if debug {
-		s.log.Debug("TFTP: sent", "to", remote, "file", filename, "bytes", n)
+		s.log.Debug("TFTP: sent", "to", t.remote, "file", t.name, "bytes", len(t.data))
 	}
 	if s.Observer != nil {
-		s.Observer.Observe(Event{Time: time.Now(), Served: ServedTFTP, IP: remote.Addr().Unmap(), Arch: -1, File: filename})
+		s.Observer.Observe(Event{Time: time.Now(), Served: ServedTFTP, IP: t.remote.Addr().Unmap(), Arch: -1, File: t.name})
 	}
-	return nil
-}
-
-// write refuses every write request, with an error packet before any data moves.
-func (s *TFTPServer) write(filename string, wt io.WriterTo) error {
-	s.stats.refused.Add(1)
-	if s.log.Enabled(context.Background(), slog.LevelDebug) {
-		var from netip.AddrPort
-		if it, ok := wt.(tftp.IncomingTransfer); ok {
-			a := it.RemoteAddr()
-			from = a.AddrPort()
-		}
-		s.log.Debug("TFTP: write refused", "from", from, "file", filename)
-	}
-	return errTFTPReadOnly
 }
 
 // open returns the contents of name under Root, from memory while the file is
@@ -375,27 +521,6 @@ func cleanTFTPPath(name string) (string, error) {
 		}
 	}
 	return name, nil
-}
-
-// tftpHook counts what the library reports beyond the read handler.
-type tftpHook struct{ s *TFTPServer }
-
-func (h tftpHook) OnSuccess(st tftp.TransferStats) {
-	if st.DatagramsSent > st.DatagramsAcked {
-		h.s.stats.retransmits.Add(uint64(st.DatagramsSent - st.DatagramsAcked))
-	}
-}
-
-func (h tftpHook) OnFailure(st tftp.TransferStats, err error) {
-	// A failure with a file name is a transfer the read or write handler has
-	// counted already.
-	if st.Filename != "" {
-		return
-	}
-	h.s.stats.errors.Add(1)
-	if h.s.log != nil && h.s.log.Enabled(context.Background(), slog.LevelDebug) {
-		h.s.log.Debug("TFTP: request failed", "from", st.RemoteAddr, "err", err)
-	}
 }
 
 func orDuration(d, def time.Duration) time.Duration {

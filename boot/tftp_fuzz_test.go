@@ -65,8 +65,8 @@ func FuzzTFTPPath(f *testing.F) {
 	})
 }
 
-// FuzzTFTPRequest throws arbitrary datagrams at a running server (the TFTP library
-// parses them) and checks after each that it still answers.
+// FuzzTFTPRequest throws arbitrary datagrams at a running server (parseTFTPRequest
+// and the option negotiation take them) and checks after each that it still answers.
 func FuzzTFTPRequest(f *testing.F) {
 	rrq := func(name string, opts ...string) []byte {
 		b := append([]byte{0, 1}, name...)

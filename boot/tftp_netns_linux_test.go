@@ -11,8 +11,8 @@ import (
 
 // TestTFTPListenInANamespace: a server that Listen opened inside a network namespace
 // serves from there even when Serve runs on the caller's own threads, as the testbed
-// runs it. The TFTP library opens a socket per transfer, which must land in the
-// namespace too.
+// runs it. The server opens a socket per transfer, which must land in the namespace
+// too.
 func TestTFTPListenInANamespace(t *testing.T) {
 	curl := testenv.NeedTool(t, "curl")
 	ns := newNetns(t, "t")
