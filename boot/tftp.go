@@ -33,13 +33,14 @@ type TFTPStats struct {
 	Busy      uint64 // requests refused because MaxTransfers were running
 	Failed    uint64 // transfers abandoned: the client stopped acknowledging, went away, or sent an error
 	Errors    uint64 // datagrams at the server's port that start nothing: unparsable, or not a request
+	Repeats   uint64 // requests dropped because the same client port has a transfer under way
 	// Retransmits counts blocks sent again, in completed transfers: after a
 	// timeout, or from where a windowsize client said a block was missing.
 	Retransmits uint64
 }
 
 type tftpCounters struct {
-	transfers, bytes, notFound, refused, busy, failed, errors, retransmits atomic.Uint64
+	transfers, bytes, notFound, refused, busy, failed, errors, repeats, retransmits atomic.Uint64
 }
 
 // TFTPServer serves the iPXE binaries over TFTP (RFC 1350, with the options of RFC
@@ -101,6 +102,12 @@ type TFTPServer struct {
 	cache  map[string]*tftpFile
 	cached int64
 	mtus   map[int]tftpMTU
+	// running are the clients (address and port) with a transfer under way. A
+	// firmware that hears nothing for a while sends its RRQ again from the same
+	// port; a second transfer to it would answer from a second port, which the
+	// client must refuse, so the repeat is dropped and the first transfer's own
+	// retransmit answers it.
+	running map[netip.AddrPort]bool
 }
 
 // tftpMTU is an interface's MTU as read at a time.
@@ -127,6 +134,7 @@ func (s *TFTPServer) Stats() TFTPStats {
 		Busy:      s.stats.busy.Load(),
 		Failed:    s.stats.failed.Load(),
 		Errors:    s.stats.errors.Load(),
+		Repeats:   s.stats.repeats.Load(),
 
 		Retransmits: s.stats.retransmits.Load(),
 	}
@@ -194,6 +202,7 @@ func (s *TFTPServer) Listen() error {
 	}
 	s.cache = map[string]*tftpFile{}
 	s.mtus = map[int]tftpMTU{}
+	s.running = map[netip.AddrPort]bool{}
 	s.mu.Unlock()
 	return nil
 }
@@ -308,6 +317,18 @@ func (s *TFTPServer) request(b []byte, from netip.AddrPort, local netip.Addr, if
 		}
 		return
 	}
+	// Requests are read one at a time, so nothing starts a transfer for from
+	// between this check and p.add below.
+	s.mu.Lock()
+	repeat := s.running[from]
+	s.mu.Unlock()
+	if repeat {
+		s.stats.repeats.Add(1)
+		if debug {
+			s.log.Debug("TFTP: dropping a repeated request; its transfer is under way", "from", from, "file", req.name)
+		}
+		return
+	}
 	if req.op == tftpOpWRQ {
 		s.stats.refused.Add(1)
 		if debug {
@@ -361,6 +382,9 @@ func (s *TFTPServer) request(b []byte, from netip.AddrPort, local netip.Addr, if
 		s.log.Warn("TFTP: opening a transfer socket", "to", from, "err", err)
 		return
 	}
+	s.mu.Lock()
+	s.running[from] = true
+	s.mu.Unlock()
 	p.add(t)
 }
 
@@ -422,6 +446,9 @@ func (s *TFTPServer) retries() int {
 // slot.
 func (s *TFTPServer) finished(t *tftpTransfer, err error) {
 	s.active.Add(-1)
+	s.mu.Lock()
+	delete(s.running, t.remote)
+	s.mu.Unlock()
 	debug := s.log.Enabled(context.Background(), slog.LevelDebug)
 	if err != nil {
 		s.stats.failed.Add(1)

@@ -387,3 +387,80 @@ func TestCleanTFTPPath(t *testing.T) {
 		}
 	}
 }
+
+// TestTFTPRepeatedRequestIsOneTransfer: a client that sends its RRQ again from the
+// same port (firmware does, when the first answer is slow) gets one transfer, from
+// one server port, not a second one it would have to refuse; a new request after
+// the transfer ended starts a new one.
+func TestTFTPRepeatedRequestIsOneTransfer(t *testing.T) {
+	root, files := tftpRoot(t)
+	s, addr := startTFTP(t, root, nil)
+	conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	rrq := append([]byte{0, 1}, "ipxe.efi\x00octet\x00"...)
+	for range 3 {
+		if _, err := conn.WriteToUDPAddrPort(rrq, addr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := files["ipxe.efi"]
+	buf := make([]byte, 2048)
+	var got []byte
+	var server netip.AddrPort
+	for block := uint16(1); ; block++ {
+		conn.SetReadDeadline(time.Now().Add(2 * time.Second))
+		n, from, err := conn.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			t.Fatalf("block %d: %v", block, err)
+		}
+		if !server.IsValid() {
+			server = from
+		} else if from != server {
+			t.Fatalf("block %d came from %s, the transfer's port is %s: a second transfer", block, from, server)
+		}
+		if op, num := binary.BigEndian.Uint16(buf), binary.BigEndian.Uint16(buf[2:]); op != 3 || num != block {
+			t.Fatalf("got opcode %d block %d, want DATA %d", op, num, block)
+		}
+		got = append(got, buf[4:n]...)
+		ack := []byte{0, 4, byte(block >> 8), byte(block)}
+		if _, err := conn.WriteToUDPAddrPort(ack, server); err != nil {
+			t.Fatal(err)
+		}
+		if n-4 < 512 {
+			break
+		}
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("received %d bytes, want the %d of ipxe.efi", len(got), len(want))
+	}
+	// Nothing else arrives: the repeats started nothing.
+	conn.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if n, from, err := conn.ReadFromUDPAddrPort(buf); err == nil {
+		t.Fatalf("a further %d-byte packet from %s after the transfer", n, from)
+	}
+	waitStats := func(cond func(TFTPStats) bool) TFTPStats {
+		deadline := time.Now().Add(2 * time.Second)
+		for {
+			st := s.Stats()
+			if cond(st) || time.Now().After(deadline) {
+				return st
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	if st := waitStats(func(st TFTPStats) bool { return st.Transfers == 1 }); st.Transfers != 1 || st.Repeats != 2 {
+		t.Fatalf("stats %+v, want 1 transfer and 2 repeats dropped", st)
+	}
+	// The same port asking again once its transfer is over is a new request.
+	if _, err := conn.WriteToUDPAddrPort(rrq, addr); err != nil {
+		t.Fatal(err)
+	}
+	conn.SetReadDeadline(time.Now().Add(2 * time.Second))
+	n, _, err := conn.ReadFromUDPAddrPort(buf)
+	if err != nil || n < 4 || binary.BigEndian.Uint16(buf) != 3 || binary.BigEndian.Uint16(buf[2:]) != 1 {
+		t.Fatalf("a new request from the same port after the transfer: %d bytes, %v", n, err)
+	}
+}
