@@ -23,6 +23,25 @@ import (
 // debianRelease is the version scripts/release.sh builds for the install script.
 const debianRelease = "0.1.0"
 
+// kernelMessage is a stamped console line that starts in the middle of another
+// line on the serial console ("…bcd.service[   60.420769] powernow_k8: …"): the
+// kernel's printk interrupts whatever is being written. journald forwards the
+// report's own lines with the same "[   41.429110] " stamp, and they too may start
+// mid-line (after the getty's "login: "), so stripKernelMessages keeps those.
+var kernelMessage = regexp.MustCompile(`([^\r\n])(\[ *\d+\.\d{6}\] [^\r\n]*)(\r?\n?)`)
+
+// stripKernelMessages drops the kernel's messages that cut into other lines,
+// with their line ends, so that the line they cut joins up again.
+func stripKernelMessages(serial string) string {
+	return kernelMessage.ReplaceAllStringFunc(serial, func(m string) string {
+		sub := kernelMessage.FindStringSubmatch(m)
+		if strings.Contains(sub[2], "bcd-lab: ") {
+			return m
+		}
+		return sub[1]
+	})
+}
+
 // debianCmdline is the Debian flavour's kernel command line in every boot, the
 // kexec's included (deploy reads it from /boot/bcd-cmdline).
 const debianCmdline = "root=LABEL=root rw console=ttyS0,115200 panic=30 bcd.proxy=" + ProxyURL
@@ -265,6 +284,9 @@ var capBits = map[string]uint{
 // confines the running process so: no_new_privs and exactly the unit's
 // capability bounding set, as root.
 func checkHardened(serial, unitPath string) error {
+	// The kernel writes to the same console whenever it likes, also in the middle
+	// of a line of ours: drop its messages (and their line ends) first.
+	serial = stripKernelMessages(serial)
 	show := regexp.MustCompile(`bcd-lab: systemctl show bcd: ([^\r\n]*)`).FindStringSubmatch(serial)
 	proc := regexp.MustCompile(`bcd-lab: bcd process \d+: ([^\r\n]*)`).FindStringSubmatch(serial)
 	active := regexp.MustCompile(`bcd-lab: systemctl is-active bcd: (\S+)`).FindStringSubmatch(serial)
@@ -362,5 +384,21 @@ func TestDebianImage(t *testing.T) {
 			}
 			t.Logf("%s: power-on → login prompt in %s", fw, time.Since(vm.Started).Round(100*time.Millisecond))
 		})
+	}
+}
+
+// TestDebianKernelMessageStrip: a printk line dropped into one of the report's
+// lines, at its end or in its middle, leaves the line as the oneshot wrote it, and
+// the report's lines journald stamps stay.
+func TestDebianKernelMessageStrip(t *testing.T) {
+	for in, want := range map[string]string{
+		"[   41.429110] bcd-lab-report[343]: bcd-lab: systemctl show bcd: FragmentPath=/etc/systemd/system/bcd.service[   60.420769] powernow_k8: Power state transitions not supported\r\n\nnext": "[   41.429110] bcd-lab-report[343]: bcd-lab: systemctl show bcd: FragmentPath=/etc/systemd/system/bcd.service\nnext",
+		"bcd-lab: x: A=1 B[    1.000000] msg\r\n=2\n":                                                        "bcd-lab: x: A=1 B=2\n",
+		"[   41.921143] bcd-lab-report[343]: bcd-lab: systemctl is-active bcd: active\r\n":                   "[   41.921143] bcd-lab-report[343]: bcd-lab: systemctl is-active bcd: active\r\n",
+		"bcd-debian login: [   35.845653] bcd-lab-report[317]: bcd-lab: systemctl show bcd: MainPID=313\r\n": "bcd-debian login: [   35.845653] bcd-lab-report[317]: bcd-lab: systemctl show bcd: MainPID=313\r\n",
+	} {
+		if got := stripKernelMessages(in); got != want {
+			t.Errorf("%q → %q, want %q", in, got, want)
+		}
 	}
 }
