@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/better-compute/bcd/internal/version"
 )
 
 // ListenStatusSocket binds an agent's status socket (socket_path) at path with mode
@@ -42,4 +44,36 @@ func ListenStatusSocket(path string, mode os.FileMode) (net.Listener, error) {
 		return nil, fmt.Errorf("status socket: %w", err)
 	}
 	return ln, nil
+}
+
+// SessionStatus is what every agent's status socket says of its identity and its
+// session with the gateway; bcd node's and bcd site's answers embed it.
+type SessionStatus struct {
+	NodeID string `json:"node_id"`
+	Role   string `json:"role"`
+	Site   string `json:"site,omitempty"`
+	// State is the agent's state as the gateway last said (adopting, ready,
+	// cordoned…), or "unknown" before the first Welcome.
+	State       string    `json:"state"`
+	Connected   bool      `json:"connected"`
+	Gateway     string    `json:"gateway"`
+	Version     string    `json:"version"`
+	BootID      string    `json:"boot_id"`
+	Pending     int       `json:"pending"`
+	LastWelcome time.Time `json:"last_welcome,omitzero"`
+	LastError   string    `json:"last_error,omitempty"`
+}
+
+// NewSessionStatus is the status of an agent with identity id, in site, talking
+// to gateway since boot bootID, whose session is st.
+func NewSessionStatus(id *Identity, site, gateway, bootID string, st SessionState) SessionStatus {
+	state := st.NodeState
+	if state == "" {
+		state = "unknown"
+	}
+	return SessionStatus{
+		NodeID: id.NodeID, Role: id.Role, Site: site, State: state, Connected: st.Connected,
+		Gateway: gateway, Version: version.Version, BootID: bootID, Pending: st.Pending,
+		LastWelcome: st.LastWelcome, LastError: st.LastError,
+	}
 }

@@ -199,18 +199,4 @@ func (n *Node) Run(ctx context.Context) error {
 }
 
 // Status is what the status socket answers.
-type Status struct {
-	NodeID string `json:"node_id"`
-	Role   string `json:"role"`
-	Site   string `json:"site,omitempty"`
-	// State is the node's state as the gateway last said (adopting, ready,
-	// cordoned…), or "unknown" before the first Welcome.
-	State       string    `json:"state"`
-	Connected   bool      `json:"connected"`
-	Gateway     string    `json:"gateway"`
-	Version     string    `json:"version"`
-	BootID      string    `json:"boot_id"`
-	Pending     int       `json:"pending"`
-	LastWelcome time.Time `json:"last_welcome,omitzero"`
-	LastError   string    `json:"last_error,omitempty"`
-}
+type Status = agent.SessionStatus

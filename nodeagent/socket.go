@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/better-compute/bcd/agent"
-	"github.com/better-compute/bcd/internal/version"
 )
 
 // StatusPath is the status socket's one route (also served at /).
@@ -38,22 +37,5 @@ func newStatusServer(n *Node) *http.Server {
 }
 
 func (n *Node) status() Status {
-	st := n.session.State()
-	state := st.NodeState
-	if state == "" {
-		state = "unknown"
-	}
-	return Status{
-		NodeID:      n.id.NodeID,
-		Role:        n.id.Role,
-		Site:        n.id.Site,
-		State:       state,
-		Connected:   st.Connected,
-		Gateway:     n.Config.GatewayURL,
-		Version:     version.Version,
-		BootID:      n.bootID,
-		Pending:     st.Pending,
-		LastWelcome: st.LastWelcome,
-		LastError:   st.LastError,
-	}
+	return agent.NewSessionStatus(n.id, n.id.Site, n.Config.GatewayURL, n.bootID, n.session.State())
 }

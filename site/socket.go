@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/better-compute/bcd/agent"
-	"github.com/better-compute/bcd/internal/version"
 )
 
 // StatusPath is the status socket's one route (also served at /).
@@ -17,19 +16,7 @@ const StatusPath = "/v1/status"
 // Status is what the status socket answers: the session, as bcd node's, and what
 // the site serves.
 type Status struct {
-	NodeID string `json:"node_id"`
-	Role   string `json:"role"`
-	Site   string `json:"site,omitempty"`
-	// State is the site's state as the gateway last said, or "unknown" before
-	// the first Welcome.
-	State       string    `json:"state"`
-	Connected   bool      `json:"connected"`
-	Gateway     string    `json:"gateway"`
-	Version     string    `json:"version"`
-	BootID      string    `json:"boot_id"`
-	Pending     int       `json:"pending"`
-	LastWelcome time.Time `json:"last_welcome,omitzero"`
-	LastError   string    `json:"last_error,omitempty"`
+	agent.SessionStatus
 
 	// SpecRevision is the revision of the spec applied last (saved or received).
 	SpecRevision int64 `json:"spec_revision"`
@@ -83,24 +70,9 @@ func (s *Site) Status() Status {
 	if s.session == nil || s.events == nil || s.bmcHosts == nil {
 		return Status{}
 	}
-	st := s.session.State()
-	state := st.NodeState
-	if state == "" {
-		state = "unknown"
-	}
 	a := s.Addrs()
 	return Status{
-		NodeID:             s.id.NodeID,
-		Role:               s.id.Role,
-		Site:               s.siteName(),
-		State:              state,
-		Connected:          st.Connected,
-		Gateway:            s.Config.GatewayURL,
-		Version:            version.Version,
-		BootID:             s.session.BootID,
-		Pending:            st.Pending,
-		LastWelcome:        st.LastWelcome,
-		LastError:          st.LastError,
+		SessionStatus:      agent.NewSessionStatus(s.id, s.siteName(), s.Config.GatewayURL, s.session.BootID, s.session.State()),
 		SpecRevision:       s.revision.Load(),
 		BootEntries:        int(s.entries.Load()),
 		BMCHosts:           len(s.bmcHosts.Machines()),
