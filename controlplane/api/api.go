@@ -38,8 +38,9 @@ type Notifier interface {
 // Lifecycle runs machines' deployments: the lifecycle controller. Its
 // refusals are *protocol.ErrorResponse errors.
 type Lifecycle interface {
-	// Deploy starts a deployment of m.
-	Deploy(ctx context.Context, m store.Machine, spec store.DeploySpec) (store.Deployment, error)
+	// Deploy starts a deployment of m and returns it with the machine as the
+	// deployment started it, before the lifecycle takes its first step.
+	Deploy(ctx context.Context, m store.Machine, spec store.DeploySpec) (store.Deployment, store.Machine, error)
 	// Cancel stops m's running deployment.
 	Cancel(ctx context.Context, m store.Machine) (store.Deployment, error)
 }

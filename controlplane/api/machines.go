@@ -597,12 +597,8 @@ func (s *Server) deploy(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	d, err := s.Lifecycle.Deploy(r.Context(), m, store.DeploySpec{Image: in.Image, Target: in.Target, After: in.After,
+	d, got, err := s.Lifecycle.Deploy(r.Context(), m, store.DeploySpec{Image: in.Image, Target: in.Target, After: in.After,
 		Cmdline: in.Cmdline, Pool: in.Pool})
-	if err != nil {
-		return err
-	}
-	got, err := s.Store.GetMachine(r.Context(), m.ID)
 	if err != nil {
 		return err
 	}

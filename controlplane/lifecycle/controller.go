@@ -367,11 +367,12 @@ func (c *Controller) runStep(ctx context.Context, id string) {
 // Deploy starts a deployment of m: a machine whose ramdisk is connected goes
 // straight to ramdisk; any other is PXE-booted into the ramdisk. A machine
 // whose deployment has not finished refuses (ALREADY_EXISTS): cancel it
-// first.
-func (c *Controller) Deploy(ctx context.Context, m store.Machine, spec store.DeploySpec) (store.Deployment, error) {
+// first. It returns the machine as the deployment started it, read before the
+// workers take their first step.
+func (c *Controller) Deploy(ctx context.Context, m store.Machine, spec store.DeploySpec) (store.Deployment, store.Machine, error) {
 	c.init()
 	if c.Install == nil {
-		return store.Deployment{}, httpjson.Errorf(protocol.CodeUnsupported, "this control plane was started without what a deploy writes into the installed OS (gateway and PKI)")
+		return store.Deployment{}, store.Machine{}, httpjson.Errorf(protocol.CodeUnsupported, "this control plane was started without what a deploy writes into the installed OS (gateway and PKI)")
 	}
 	if spec.After == "" {
 		spec.After = protocol.AfterKexec
@@ -380,7 +381,7 @@ func (c *Controller) Deploy(ctx context.Context, m store.Machine, spec store.Dep
 		spec.Pool = DefaultPool
 	}
 	if err := ValidateSpec(spec); err != nil {
-		return store.Deployment{}, httpjson.Errorf(protocol.CodeInvalidInput, "deploy: %v", err)
+		return store.Deployment{}, store.Machine{}, httpjson.Errorf(protocol.CodeInvalidInput, "deploy: %v", err)
 	}
 	now := c.now()
 	t := c.timeouts()
@@ -390,7 +391,7 @@ func (c *Controller) Deploy(ctx context.Context, m store.Machine, spec store.Dep
 	ramdisk, err := c.liveRamdisk(ctx, m.RamdiskNode)
 	switch {
 	case err != nil:
-		return store.Deployment{}, err
+		return store.Deployment{}, store.Machine{}, err
 	case ramdisk:
 		p.enterRamdisk(m.RamdiskNode, fmt.Sprintf("deploying %s with ramdisk node %s, which is connected: no PXE boot needed", image, m.RamdiskNode))
 	case m.BMC == nil:
@@ -410,18 +411,24 @@ func (c *Controller) Deploy(ctx context.Context, m store.Machine, spec store.Dep
 	switch {
 	case errors.Is(err, store.ErrDeploymentActive):
 		cur, _ := c.Store.GetMachine(ctx, m.ID)
-		return store.Deployment{}, httpjson.Errorf(protocol.CodeAlreadyExists,
+		return store.Deployment{}, store.Machine{}, httpjson.Errorf(protocol.CodeAlreadyExists,
 			"machine %s is %s with deployment %s: wait for it, or stop it first (better-compute machines cancel %s)", m.ID, cur.State, cur.Deployment, m.ID)
 	case errors.Is(err, store.ErrNotFound):
-		return store.Deployment{}, httpjson.Errorf(protocol.CodeNotFound, "machine %s does not exist", m.ID)
+		return store.Deployment{}, store.Machine{}, httpjson.Errorf(protocol.CodeNotFound, "machine %s does not exist", m.ID)
 	case err != nil:
-		return store.Deployment{}, err
+		return store.Deployment{}, store.Machine{}, err
 	}
 	c.log().Info("deployment started", "machine", m.ID, "deployment", got.ID, "state", p.ch.State, "image", image,
 		"after", spec.After, "pool", spec.Pool)
+	// The machine as the deployment left it, read before the first step: the
+	// workers may take it further at once.
+	started, err := c.Store.GetMachine(ctx, m.ID)
+	if err != nil {
+		return store.Deployment{}, store.Machine{}, err
+	}
 	c.applied(p)
 	c.enqueue(m.ID)
-	return got, nil
+	return got, started, nil
 }
 
 // Cancel stops the machine's running deployment: the machine is failed
