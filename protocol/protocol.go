@@ -163,6 +163,10 @@ const (
 	CodeInternal          = "INTERNAL"
 	// CodeAlreadyExists refuses creating what exists (a site of that name).
 	CodeAlreadyExists = "ALREADY_EXISTS"
+	// CodeMachineBusy refuses a change to a machine that runs a deployment
+	// (its spec, a manual BMC command, a delete): cancel the deployment
+	// first.
+	CodeMachineBusy = "MACHINE_BUSY"
 )
 
 // WellKnown is /.well-known/better-compute: what an agent with only the server URL and
@@ -257,6 +261,15 @@ const (
 	StateSucceeded   = "SUCCEEDED"
 	StateFailed      = "FAILED"
 	StateUnsupported = "UNSUPPORTED"
+)
+
+// Reasons the control plane itself gives a command's FAILED status (an
+// agent gives its own: each command kind names them).
+const (
+	// ReasonNodeDeleted: the node the command was for was deleted (or
+	// retired, like a ramdisk once its installed OS joined) before it
+	// reported.
+	ReasonNodeDeleted = "NodeDeleted"
 )
 
 // Terminal reports whether a command in state s is over.

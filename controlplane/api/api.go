@@ -3,13 +3,14 @@ package api
 import (
 	"context"
 	"encoding/json"
+	"github.com/better-compute/bcd/controlplane/ids"
 	"log/slog"
 	"net/http"
-	"regexp"
 	"strings"
 	"time"
 
 	"github.com/better-compute/bcd/controlplane/httpjson"
+	"github.com/better-compute/bcd/controlplane/machines"
 	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/controlplane/token"
 	"github.com/better-compute/bcd/protocol"
@@ -36,14 +37,8 @@ type Notifier interface {
 }
 
 // Lifecycle runs machines' deployments: the lifecycle controller. Its
-// refusals are *protocol.ErrorResponse errors.
-type Lifecycle interface {
-	// Deploy starts a deployment of m and returns it with the machine as the
-	// deployment started it, before the lifecycle takes its first step.
-	Deploy(ctx context.Context, m store.Machine, spec store.DeploySpec) (store.Deployment, store.Machine, error)
-	// Cancel stops m's running deployment.
-	Cancel(ctx context.Context, m store.Machine) (store.Deployment, error)
-}
+// refusals are *refusal.Refusal errors.
+type Lifecycle = machines.Lifecycle
 
 // Store is what the api reads and writes.
 type Store interface {
@@ -54,6 +49,15 @@ type Store interface {
 	store.Operators
 	store.Machines
 	GetDeployment(ctx context.Context, id string) (store.Deployment, error)
+}
+
+// machines is the one way the api changes a machine.
+func (s *Server) machines() *machines.Service {
+	svc := &machines.Service{Store: s.Store, Lifecycle: s.Lifecycle, Logger: s.Logger, Now: s.Now}
+	if s.Notifier != nil {
+		svc.Notifier = s.Notifier
+	}
+	return svc
 }
 
 // Server is the api.
@@ -207,16 +211,7 @@ func (s *Server) authorize(ctx context.Context, r *http.Request) error {
 	return nil
 }
 
-// namePattern is what a site or pool name may be: it ends up in paths,
-// tables and log lines.
-var namePattern = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
-
-func checkName(what, v string) error {
-	if !namePattern.MatchString(v) {
-		return httpjson.Errorf(protocol.CodeInvalidInput, "%s %q: want 1 to 63 characters of a-z, 0-9, _, . and -, starting with a letter or digit", what, short(v))
-	}
-	return nil
-}
+func checkName(what, v string) error { return ids.CheckName(what, v) }
 
 func short(s string) string {
 	if len(s) > 80 {

@@ -1,9 +1,7 @@
 package api
 
 import (
-	"encoding/json"
 	"errors"
-	"fmt"
 	"net"
 	"net/http"
 	"net/url"
@@ -103,6 +101,8 @@ func validDNSName(h string) bool {
 func (s *Server) machineInfo(r *http.Request, m store.Machine, site *store.Site) MachineInfo {
 	info := MachineInfo{Machine: m}
 	info.Machine.BMC = nil
+	// What the site agent is told, whoever decided it.
+	info.Machine.BootMode = m.EffectiveBootMode()
 	if m.BMC != nil {
 		info.BMC = &MachineBMCInfo{Address: m.BMC.Address, Port: m.BMC.Port, Username: m.BMC.Username,
 			HasPassword: m.BMC.Password != "", CipherSuite: m.BMC.CipherSuite}
@@ -169,64 +169,11 @@ func (s *Server) createMachine(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(r, &in); err != nil {
 		return err
 	}
-	if err := checkName("site", in.Site); err != nil {
-		return err
-	}
-	if in.Name != "" {
-		if err := checkName("name", in.Name); err != nil {
-			return err
-		}
-		if strings.HasPrefix(in.Name, ids.PrefixMachine) || machines.LooksLikeMAC(in.Name) {
-			return httpjson.Errorf(protocol.CodeInvalidInput, "name %q would read as a machine id or a MAC", short(in.Name))
-		}
-	}
-	if len(in.MACs) == 0 || len(in.MACs) > maxMACs {
-		return httpjson.Errorf(protocol.CodeInvalidInput, "macs: give 1 to %d MAC addresses", maxMACs)
-	}
-	macs := make([]string, 0, len(in.MACs))
-	for _, raw := range in.MACs {
-		mac, err := machines.NormalizeMAC(raw)
-		if err != nil {
-			return httpjson.Errorf(protocol.CodeInvalidInput, "macs: %v", err)
-		}
-		for _, m := range macs {
-			if m == mac {
-				return httpjson.Errorf(protocol.CodeInvalidInput, "macs: %s is given twice", mac)
-			}
-		}
-		macs = append(macs, mac)
-	}
-	mode, err := bootMode(in.BootMode, true)
-	if err != nil {
-		return err
-	}
-	fw, err := firmware(in.Firmware)
-	if err != nil {
-		return err
-	}
-	now := s.now()
-	m := store.Machine{ID: ids.New(ids.PrefixMachine, now), Name: in.Name, Site: in.Site, MACs: macs, BootMode: mode,
-		Firmware: fw, State: store.MachineRegistered, StateChangedAt: now, CreatedAt: now, UpdatedAt: now}
+	nm := machines.NewMachine{Site: in.Site, Name: in.Name, MACs: in.MACs, BootMode: in.BootMode, Firmware: in.Firmware}
 	if in.BMC != nil {
-		if m.BMC, err = checkBMC(m.ID, *in.BMC, nil); err != nil {
-			return err
-		}
+		nm.BMC = bmcInput(*in.BMC)
 	}
-	if err := s.Store.CreateMachine(r.Context(), m); err != nil {
-		switch {
-		case errors.Is(err, store.ErrNotFound):
-			return httpjson.Errorf(protocol.CodeNotFound, "site %s does not exist (better-compute sites create %s)", in.Site, in.Site)
-		}
-		var c *store.ConflictError
-		if errors.As(err, &c) {
-			return httpjson.Errorf(protocol.CodeAlreadyExists, "%s", c.Error())
-		}
-		return err
-	}
-	s.specChanged(m.Site)
-	s.log().Info("machine added", "machine", m.ID, "name", m.Name, "site", m.Site, "macs", strings.Join(macs, ","),
-		"boot_mode", m.BootMode, "bmc", m.BMC != nil)
-	got, err := s.Store.GetMachine(r.Context(), m.ID)
+	got, err := s.machines().Create(r.Context(), nm)
 	if err != nil {
 		return err
 	}
@@ -234,35 +181,8 @@ func (s *Server) createMachine(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func bootMode(v string, create bool) (string, error) {
-	switch v {
-	case protocol.BootRamdisk, protocol.BootLocal:
-		return v, nil
-	case "none":
-		return "", nil
-	case "":
-		if create {
-			return "", nil
-		}
-	}
-	return "", httpjson.Errorf(protocol.CodeInvalidInput, "boot mode %q: want ramdisk, local or none", short(v))
-}
-
-// checkBMC validates a BMC as the site agent will (its errors never quote
-// the password); a nil Password keeps old's.
-func checkBMC(machineID string, in MachineBMCInput, old *store.MachineBMC) (*store.MachineBMC, error) {
-	b := &store.MachineBMC{Address: in.Address, Port: in.Port, Username: in.Username, CipherSuite: in.CipherSuite}
-	switch {
-	case in.Password != nil:
-		b.Password = *in.Password
-	case old != nil:
-		b.Password = old.Password
-	}
-	h := protocol.BMCHost{Machine: machineID, Address: b.Address, Port: b.Port, Username: b.Username, Password: b.Password, CipherSuite: b.CipherSuite}
-	if err := h.Validate(); err != nil {
-		return nil, httpjson.Errorf(protocol.CodeInvalidInput, "bmc: %v", err)
-	}
-	return b, nil
+func bmcInput(in MachineBMCInput) *machines.BMCInput {
+	return &machines.BMCInput{Address: in.Address, Port: in.Port, Username: in.Username, Password: in.Password, CipherSuite: in.CipherSuite}
 }
 
 func (s *Server) listMachines(w http.ResponseWriter, r *http.Request) error {
@@ -319,33 +239,19 @@ func (s *Server) deleteMachine(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	info := s.machineInfo(r, m, nil)
-	if err := s.Store.DeleteMachine(r.Context(), m.ID); err != nil {
-		if errors.Is(err, store.ErrNotFound) {
-			return httpjson.Errorf(protocol.CodeNotFound, "machine %s does not exist", m.ID)
-		}
+	if err := s.machines().Delete(r.Context(), m); err != nil {
 		return err
 	}
-	s.specChanged(m.Site)
-	s.log().Info("machine deleted", "machine", m.ID, "site", m.Site)
 	httpjson.WriteJSON(w, http.StatusOK, info)
 	return nil
 }
 
-// update applies u to the route's machine and answers the machine.
-func (s *Server) update(w http.ResponseWriter, r *http.Request, m store.Machine, u store.MachineUpdate, spec bool) error {
-	u.At = s.now()
-	got, err := s.Store.UpdateMachine(r.Context(), m.ID, u)
-	if errors.Is(err, store.ErrNotFound) {
-		return httpjson.Errorf(protocol.CodeNotFound, "machine %s does not exist", m.ID)
-	}
+// changed answers a machine the Service changed.
+func (s *Server) changed(w http.ResponseWriter, r *http.Request, m store.Machine, err error) error {
 	if err != nil {
 		return err
 	}
-	if spec {
-		s.specChanged(got.Site)
-	}
-	s.log().Info("machine changed", "machine", got.ID, "change", u.Event.Kind, "detail", u.Event.Message)
-	httpjson.WriteJSON(w, http.StatusOK, s.machineInfo(r, got, nil))
+	httpjson.WriteJSON(w, http.StatusOK, s.machineInfo(r, m, nil))
 	return nil
 }
 
@@ -354,23 +260,15 @@ func (s *Server) setBoot(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(r, &in); err != nil {
 		return err
 	}
-	mode, err := bootMode(in.Mode, false)
-	if err != nil {
+	if _, err := machines.BootOverride(in.Mode, false); err != nil {
 		return err
 	}
 	m, err := s.machine(r)
 	if err != nil {
 		return err
 	}
-	return s.update(w, r, m, store.MachineUpdate{BootMode: &mode, Event: store.MachineEvent{Kind: "machine.boot_mode",
-		Message: fmt.Sprintf("boot mode %s (was %s)", orNone(mode), orNone(m.BootMode))}}, true)
-}
-
-func orNone(s string) string {
-	if s == "" {
-		return "none"
-	}
-	return s
+	got, err := s.machines().SetBootOverride(r.Context(), m, in.Mode)
+	return s.changed(w, r, got, err)
 }
 
 func (s *Server) setBMC(w http.ResponseWriter, r *http.Request) error {
@@ -382,19 +280,8 @@ func (s *Server) setBMC(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	b, err := checkBMC(m.ID, in, m.BMC)
-	if err != nil {
-		return err
-	}
-	return s.update(w, r, m, store.MachineUpdate{SetBMC: true, BMC: b, Event: store.MachineEvent{Kind: "machine.bmc",
-		Message: fmt.Sprintf("BMC %s user %s", net.JoinHostPort(b.Address, strconv.Itoa(bmcPort(b.Port))), b.Username)}}, true)
-}
-
-func bmcPort(p int) int {
-	if p == 0 {
-		return protocol.DefaultIPMIPort
-	}
-	return p
+	got, err := s.machines().SetBMC(r.Context(), m, *bmcInput(in))
+	return s.changed(w, r, got, err)
 }
 
 func (s *Server) clearBMC(w http.ResponseWriter, r *http.Request) error {
@@ -402,7 +289,8 @@ func (s *Server) clearBMC(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	return s.update(w, r, m, store.MachineUpdate{SetBMC: true, Event: store.MachineEvent{Kind: "machine.bmc", Message: "BMC removed"}}, true)
+	got, err := s.machines().ClearBMC(r.Context(), m)
+	return s.changed(w, r, got, err)
 }
 
 func (s *Server) approveMachine(w http.ResponseWriter, r *http.Request) error {
@@ -410,8 +298,8 @@ func (s *Server) approveMachine(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	return s.update(w, r, m, store.MachineUpdate{Approve: true, Event: store.MachineEvent{Kind: "machine.approved",
-		Message: "approved: its ramdisk may join"}}, false)
+	got, err := s.machines().Approve(r.Context(), m)
+	return s.changed(w, r, got, err)
 }
 
 func (s *Server) machineEvents(w http.ResponseWriter, r *http.Request) error {
@@ -438,54 +326,13 @@ func (s *Server) machineEvents(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// siteAgent picks the site agent a machine's BMC commands go to: a
-// connected site node of the site, the one seen last.
-func (s *Server) siteAgent(r *http.Request, site string) (store.Node, error) {
-	nodes, err := s.Store.ListNodes(r.Context())
+// commandCreated answers a command the Service enqueued.
+func commandCreated(w http.ResponseWriter, c store.Command, err error) error {
 	if err != nil {
-		return store.Node{}, err
+		return err
 	}
-	var best store.Node
-	known := 0
-	for _, n := range nodes {
-		if n.Role != protocol.RoleSite || n.Site != site {
-			continue
-		}
-		known++
-		if n.SessionID != 0 && (best.ID == "" || n.LastSeenAt.After(best.LastSeenAt)) {
-			best = n
-		}
-	}
-	switch {
-	case best.ID != "":
-		return best, nil
-	case known == 0:
-		return best, httpjson.Errorf(protocol.CodeUnavailable, "site %s has no site agent to run BMC commands (join one: better-compute tokens create --role site --site %s)", site, site)
-	}
-	return best, httpjson.Errorf(protocol.CodeUnavailable, "no site agent of site %s is connected (%d known, all offline)", site, known)
-}
-
-// enqueue stores a command about machine m for node and tells its session.
-func (s *Server) enqueue(r *http.Request, m store.Machine, node, kind string, params any) (store.Command, error) {
-	var raw json.RawMessage
-	if params != nil {
-		b, err := json.Marshal(params)
-		if err != nil {
-			return store.Command{}, err
-		}
-		raw = b
-	}
-	now := s.now()
-	c := store.Command{ID: ids.New(ids.PrefixCommand, now), NodeID: node, MachineID: m.ID, Kind: kind, Params: raw,
-		State: store.CommandPending, CreatedAt: now, UpdatedAt: now}
-	if err := s.Store.CreateCommand(r.Context(), c); err != nil {
-		return c, err
-	}
-	if s.Notifier != nil {
-		s.Notifier.Notify(node)
-	}
-	s.log().Info("command enqueued", "command", c.ID, "node", node, "machine", m.ID, "kind", kind)
-	return c, nil
+	httpjson.WriteJSON(w, http.StatusCreated, RedactCommand(c))
+	return nil
 }
 
 func (s *Server) power(w http.ResponseWriter, r *http.Request) error {
@@ -497,11 +344,8 @@ func (s *Server) power(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	p := protocol.BMCPowerParams{Machine: m.ID, Action: in.Action}
-	if err := p.Validate(); err != nil {
-		return httpjson.Errorf(protocol.CodeInvalidInput, "%v", err)
-	}
-	return s.bmcCommand(w, r, m, protocol.KindBMCPower, p)
+	c, err := s.machines().Power(r.Context(), m, in.Action)
+	return commandCreated(w, c, err)
 }
 
 func (s *Server) bootdev(w http.ResponseWriter, r *http.Request) error {
@@ -513,46 +357,8 @@ func (s *Server) bootdev(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	p := protocol.BMCBootdevParams{Machine: m.ID, Device: in.Device, EFI: in.EFI, Persistent: in.Persistent}
-	if err := p.Validate(); err != nil {
-		return httpjson.Errorf(protocol.CodeInvalidInput, "%v", err)
-	}
-	return s.bmcCommand(w, r, m, protocol.KindBMCBootdev, p)
-}
-
-func (s *Server) bmcCommand(w http.ResponseWriter, r *http.Request, m store.Machine, kind string, params any) error {
-	if m.BMC == nil {
-		return httpjson.Errorf(protocol.CodeInvalidInput, "machine %s has no BMC (better-compute machines set-bmc %s …)", m.ID, m.ID)
-	}
-	agent, err := s.siteAgent(r, m.Site)
-	if err != nil {
-		return err
-	}
-	c, err := s.enqueue(r, m, agent.ID, kind, params)
-	if err != nil {
-		return err
-	}
-	httpjson.WriteJSON(w, http.StatusCreated, RedactCommand(c))
-	return nil
-}
-
-// ramdisk is the machine's ramdisk node when it has a session.
-func (s *Server) ramdisk(r *http.Request, m store.Machine) (store.Node, error) {
-	if m.RamdiskNode == "" {
-		return store.Node{}, httpjson.Errorf(protocol.CodeUnavailable, "machine %s has no ramdisk node: PXE-boot it into the ramdisk first (machines boot %s ramdisk, machines power %s cycle)", m.ID, m.ID, m.ID)
-	}
-	n, err := s.Store.GetNode(r.Context(), m.RamdiskNode)
-	switch {
-	case errors.Is(err, store.ErrNotFound):
-		return n, httpjson.Errorf(protocol.CodeUnavailable, "machine %s's ramdisk node %s is gone", m.ID, m.RamdiskNode)
-	case err != nil:
-		return n, err
-	case n.Deleted() || n.Role != protocol.RoleRamdisk:
-		return n, httpjson.Errorf(protocol.CodeUnavailable, "machine %s's ramdisk node %s was retired", m.ID, n.ID)
-	case n.SessionID == 0:
-		return n, httpjson.Errorf(protocol.CodeUnavailable, "machine %s's ramdisk node %s is not connected", m.ID, n.ID)
-	}
-	return n, nil
+	c, err := s.machines().Bootdev(r.Context(), m, in.Device, in.EFI, in.Persistent)
+	return commandCreated(w, c, err)
 }
 
 func (s *Server) inventory(w http.ResponseWriter, r *http.Request) error {
@@ -560,44 +366,20 @@ func (s *Server) inventory(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	n, err := s.ramdisk(r, m)
-	if err != nil {
-		return err
-	}
-	c, err := s.enqueue(r, m, n.ID, protocol.KindInventory, nil)
-	if err != nil {
-		return err
-	}
-	httpjson.WriteJSON(w, http.StatusCreated, RedactCommand(c))
-	return nil
+	c, err := s.machines().Inventory(r.Context(), m)
+	return commandCreated(w, c, err)
 }
 
 func (s *Server) deploy(w http.ResponseWriter, r *http.Request) error {
-	if s.Lifecycle == nil {
-		return httpjson.Errorf(protocol.CodeUnsupported, "this api runs without the machine lifecycle (better-compute serve runs it)")
-	}
 	var in DeployCreate
 	if err := decode(r, &in); err != nil {
 		return err
-	}
-	if in.Pool == "" {
-		in.Pool = DefaultPool
-	}
-	if err := checkName("pool", in.Pool); err != nil {
-		return err
-	}
-	switch in.After {
-	case "":
-		in.After = protocol.AfterKexec
-	case protocol.AfterKexec, protocol.AfterReboot:
-	default:
-		return httpjson.Errorf(protocol.CodeInvalidInput, "after %q: a deployment ends with the installed OS running: want kexec or reboot", short(in.After))
 	}
 	m, err := s.machine(r)
 	if err != nil {
 		return err
 	}
-	d, got, err := s.Lifecycle.Deploy(r.Context(), m, store.DeploySpec{Image: in.Image, Target: in.Target, After: in.After,
+	d, got, err := s.machines().Deploy(r.Context(), m, store.DeploySpec{Image: in.Image, Target: in.Target, After: in.After,
 		Cmdline: in.Cmdline, Pool: in.Pool})
 	if err != nil {
 		return err
@@ -607,14 +389,11 @@ func (s *Server) deploy(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) cancel(w http.ResponseWriter, r *http.Request) error {
-	if s.Lifecycle == nil {
-		return httpjson.Errorf(protocol.CodeUnsupported, "this api runs without the machine lifecycle (better-compute serve runs it)")
-	}
 	m, err := s.machine(r)
 	if err != nil {
 		return err
 	}
-	if _, err := s.Lifecycle.Cancel(r.Context(), m); err != nil {
+	if _, err := s.machines().Cancel(r.Context(), m); err != nil {
 		return err
 	}
 	return s.getMachine(w, r)
@@ -625,26 +404,15 @@ func (s *Server) setFirmware(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(r, &in); err != nil {
 		return err
 	}
-	fw, err := firmware(in.Firmware)
-	if err != nil {
+	if _, err := machines.Firmware(in.Firmware); err != nil {
 		return err
 	}
 	m, err := s.machine(r)
 	if err != nil {
 		return err
 	}
-	return s.update(w, r, m, store.MachineUpdate{Firmware: &fw, Event: store.MachineEvent{Kind: "machine.firmware",
-		Message: fmt.Sprintf("firmware %s (was %s)", fw, m.Firmware)}}, false)
-}
-
-func firmware(v string) (string, error) {
-	switch v {
-	case "", store.FirmwareBIOS:
-		return store.FirmwareBIOS, nil
-	case store.FirmwareUEFI:
-		return v, nil
-	}
-	return "", httpjson.Errorf(protocol.CodeInvalidInput, "firmware %q: want bios or uefi", short(v))
+	got, err := s.machines().SetFirmware(r.Context(), m, in.Firmware)
+	return s.changed(w, r, got, err)
 }
 
 // RedactDeployment returns d as the api shows it: the image URL without

@@ -258,7 +258,7 @@ func TestDeploy(t *testing.T) {
 		s.Lifecycle = &lifecycle.Controller{Store: s.Store.(store.Store), Notifier: s.Notifier, Install: &machines.Install{GatewayURL: "https://gw.example.test:8444",
 			GatewayServerName: "gw.internal.test", Pins: b.Public.Pins(), EncryptionJWK: b.Public.JoinEncryptionJWK}}
 	})
-	m := cptest.NewMachine(t, e.st, func(m *store.Machine) { m.BootMode = "" })
+	m := cptest.NewMachine(t, e.st, func(m *store.Machine) { m.BootOverride = "" })
 	in := api.DeployCreate{Image: protocol.DeployImage{URL: "https://user:secret@images.example.test/ubuntu.raw.zst?sig=abc", SHA256: strings.Repeat("ab", 32),
 		Size: 1 << 30, Format: protocol.FormatZstd, ImageSize: 4 << 30}, Target: protocol.DeployTarget{Serial: "S123"}, Cmdline: "console=ttyS0"}
 

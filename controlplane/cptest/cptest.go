@@ -80,8 +80,9 @@ const MAC = "52:54:00:12:34:56"
 func NewMachine(t testing.TB, s store.Store, mut func(*store.Machine)) store.Machine {
 	t.Helper()
 	now := time.Now()
-	m := store.Machine{ID: ids.New(ids.PrefixMachine, now), Site: Site, MACs: []string{MAC}, BootMode: protocol.BootRamdisk,
-		State: store.MachineRegistered, StateChangedAt: now, CreatedAt: now, UpdatedAt: now}
+	m := store.Machine{ID: ids.New(ids.PrefixMachine, now), Site: Site,
+		MachineSpec:   store.MachineSpec{MACs: []string{MAC}, BootOverride: protocol.BootRamdisk},
+		MachineStatus: store.MachineStatus{State: store.MachineRegistered, StateChangedAt: now}, CreatedAt: now, UpdatedAt: now}
 	if mut != nil {
 		mut(&m)
 	}

@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"crypto/x509"
-	"errors"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -166,8 +165,7 @@ func (s *Server) serveJoin(w http.ResponseWriter, r *http.Request) {
 	}
 	resp, err := s.Joiner.Join(r.Context(), req)
 	if err != nil {
-		var e *protocol.ErrorResponse
-		if errors.As(err, &e) {
+		if e := httpjson.Response(err); e != nil {
 			s.log().Info("join refused", "code", e.Code, "reason", e.Message, "remote", r.RemoteAddr, "role", req.Role, "attestor", req.Attestor)
 		}
 		httpjson.WriteError(w, s.log(), err)

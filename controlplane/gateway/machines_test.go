@@ -110,7 +110,7 @@ func TestSiteSpecOnWelcomeAndOnChange(t *testing.T) {
 	}
 
 	// A change pushes a new spec with a higher revision.
-	b := cptest.NewMachine(t, e.st, func(m *store.Machine) { m.MACs = []string{"52:54:00:00:00:02"}; m.BootMode = protocol.BootLocal })
+	b := cptest.NewMachine(t, e.st, func(m *store.Machine) { m.MACs = []string{"52:54:00:00:00:02"}; m.BootOverride = protocol.BootLocal })
 	e.gw.SpecChanged(cptest.Site)
 	var spec protocol.Spec
 	c.expect(protocol.FrameSpec, &spec)
@@ -130,7 +130,7 @@ func TestSiteSpecOnWelcomeAndOnChange(t *testing.T) {
 	nc.expect(protocol.FrameAck, nil)
 
 	// A deleted machine leaves both tables.
-	if err := e.st.DeleteMachine(ctx, a.ID); err != nil {
+	if err := e.st.DeleteMachine(ctx, a.ID, false); err != nil {
 		t.Fatal(err)
 	}
 	e.gw.SpecChanged(cptest.Site)

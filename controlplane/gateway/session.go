@@ -110,8 +110,7 @@ func (s *Server) authenticate(r *http.Request) (store.Node, error) {
 func (s *Server) serveSession(w http.ResponseWriter, r *http.Request) {
 	node, err := s.authenticate(r)
 	if err != nil {
-		var e *protocol.ErrorResponse
-		if errors.As(err, &e) {
+		if e := httpjson.Response(err); e != nil {
 			s.log().Info("session refused", "code", e.Code, "reason", e.Message, "remote", r.RemoteAddr)
 		}
 		httpjson.WriteError(w, s.log(), err)
@@ -563,8 +562,8 @@ func (ss *session) write(b []byte) error {
 
 // fail tells the agent why in an Error frame, then ends the session.
 func (ss *session) fail(code websocket.StatusCode, err error) {
-	var e *protocol.ErrorResponse
-	if !errors.As(err, &e) {
+	e := httpjson.Response(err)
+	if e == nil {
 		e = httpjson.Errorf(protocol.CodeInternal, "%v", err)
 	}
 	if b, ferr := frame(protocol.FrameError, e); ferr == nil {

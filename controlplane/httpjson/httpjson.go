@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 
+	"github.com/better-compute/bcd/controlplane/refusal"
 	"github.com/better-compute/bcd/protocol"
 )
 
@@ -35,7 +36,7 @@ func Status(code string) int {
 		protocol.CodeAttestorRefused, protocol.CodeNodeRevoked,
 		protocol.CodeNonceUsed, protocol.CodeNonceExpired, protocol.CodeNonceWrongMAC, protocol.CodeMachineNotRegistered:
 		return http.StatusForbidden
-	case protocol.CodeReclaimNotAllowed, protocol.CodeAlreadyExists:
+	case protocol.CodeReclaimNotAllowed, protocol.CodeAlreadyExists, protocol.CodeMachineBusy:
 		return http.StatusConflict
 	case protocol.CodeNotFound:
 		return http.StatusNotFound
@@ -61,11 +62,25 @@ func WriteJSON(w http.ResponseWriter, status int, v any) {
 	w.Write(append(b, '\n'))
 }
 
-// WriteError writes err as a protocol.ErrorResponse. An error that is not
-// one is logged and answered as a retryable UNAVAILABLE.
-func WriteError(w http.ResponseWriter, log *slog.Logger, err error) {
+// Response is err as the edges answer it: a domain refusal
+// (refusal.Refusal) or a protocol.ErrorResponse as it is; nil for any other
+// error, which the caller logs and answers as Unavailable.
+func Response(err error) *protocol.ErrorResponse {
+	if r := refusal.As(err); r != nil {
+		return &protocol.ErrorResponse{Code: r.Code, Message: r.Message, Retryable: r.Retryable}
+	}
 	var e *protocol.ErrorResponse
-	if !errors.As(err, &e) {
+	if errors.As(err, &e) {
+		return e
+	}
+	return nil
+}
+
+// WriteError writes err as a protocol.ErrorResponse (see Response). Any
+// other error is logged and answered as a retryable UNAVAILABLE.
+func WriteError(w http.ResponseWriter, log *slog.Logger, err error) {
+	e := Response(err)
+	if e == nil {
 		if log != nil {
 			log.Error("request failed", "err", err)
 		}

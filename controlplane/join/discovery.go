@@ -8,9 +8,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/better-compute/bcd/controlplane/httpjson"
 	"github.com/better-compute/bcd/controlplane/ids"
 	"github.com/better-compute/bcd/controlplane/machines"
+	"github.com/better-compute/bcd/controlplane/refusal"
 	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/controlplane/token"
 	"github.com/better-compute/bcd/protocol"
@@ -66,7 +66,7 @@ func NewDiscoveryAttestor(st DiscoveryStore) Attestor {
 		h := NonceHash(req.BootNonce)
 		n, err := st.GetBootNonce(ctx, h)
 		if errors.Is(err, store.ErrNotFound) {
-			e := httpjson.Errorf(protocol.CodeNonceUnknown, "no site agent reported this boot nonce (yet): it is not one the control plane knows")
+			e := refusal.New(protocol.CodeNonceUnknown, "no site agent reported this boot nonce (yet): it is not one the control plane knows")
 			e.Retryable = true
 			return Verdict{}, e
 		}
@@ -83,8 +83,8 @@ func NewDiscoveryAttestor(st DiscoveryStore) Attestor {
 			m = store.Machine{}
 		}
 		deferredHere := n.CSRSHA256 != "" && n.CSRSHA256 == r.CSRSHA256
-		refusal := func(code, format string, args ...any) (Verdict, error) {
-			e := httpjson.Errorf(code, format, args...)
+		refused := func(code, format string, args ...any) (Verdict, error) {
+			e := refusal.New(code, format, args...)
 			if m.ID != "" {
 				data, _ := json.Marshal(map[string]string{"code": code, "mac": n.MAC})
 				if err := st.AddMachineEvent(ctx, store.MachineEvent{MachineID: m.ID, Time: r.Now, Kind: "join.refused",
@@ -96,17 +96,17 @@ func NewDiscoveryAttestor(st DiscoveryStore) Attestor {
 		}
 		switch {
 		case !n.UsedAt.IsZero():
-			return refusal(protocol.CodeNonceUsed, "the boot nonce for %s was already used by node %s at %s; a nonce admits one join (PXE-boot the machine again for a new one)",
+			return refused(protocol.CodeNonceUsed, "the boot nonce for %s was already used by node %s at %s; a nonce admits one join (PXE-boot the machine again for a new one)",
 				n.MAC, n.UsedBy, n.UsedAt.UTC().Format(time.RFC3339))
 		case n.CSRSHA256 != "" && !deferredHere:
-			return refusal(protocol.CodeNonceUsed, "the boot nonce for %s was presented by another join (another key), which waits for approval", n.MAC)
+			return refused(protocol.CodeNonceUsed, "the boot nonce for %s was presented by another join (another key), which waits for approval", n.MAC)
 		case !r.Now.Before(n.ExpiresAt) && !deferredHere:
-			return refusal(protocol.CodeNonceExpired, "the boot nonce for %s expired at %s; PXE-boot the machine again for a new one",
+			return refused(protocol.CodeNonceExpired, "the boot nonce for %s expired at %s; PXE-boot the machine again for a new one",
 				n.MAC, n.ExpiresAt.UTC().Format(time.RFC3339))
 		case !claimsMAC(req.Claims, n.MAC):
-			return refusal(protocol.CodeNonceWrongMAC, "the boot nonce was minted for another MAC than the %d in this join's claims.macs", len(req.Claims.MACs))
+			return refused(protocol.CodeNonceWrongMAC, "the boot nonce was minted for another MAC than the %d in this join's claims.macs", len(req.Claims.MACs))
 		case req.Site != "" && req.Site != n.Site:
-			return refusal(protocol.CodeWrongSite, "the boot nonce was minted by a site agent of site %s, the join says site %s", n.Site, short(req.Site))
+			return refused(protocol.CodeWrongSite, "the boot nonce was minted by a site agent of site %s, the join says site %s", n.Site, short(req.Site))
 		case m.ID == "":
 			return Verdict{}, refuse(protocol.CodeMachineNotRegistered, "MAC %s is not a machine of site %s (better-compute machines add --site %s --mac %s)",
 				n.MAC, n.Site, n.Site, n.MAC)
@@ -119,7 +119,7 @@ func NewDiscoveryAttestor(st DiscoveryStore) Attestor {
 			first, err := st.DeferBootNonce(ctx, h, r.CSRSHA256, r.Now)
 			switch {
 			case errors.Is(err, store.ErrNonceUsed), errors.Is(err, store.ErrNonceClaimed):
-				return refusal(protocol.CodeNonceUsed, "the boot nonce for %s was used by another join meanwhile", n.MAC)
+				return refused(protocol.CodeNonceUsed, "the boot nonce for %s was used by another join meanwhile", n.MAC)
 			case err != nil:
 				return Verdict{}, err
 			}
@@ -142,7 +142,7 @@ func NewDiscoveryAttestor(st DiscoveryStore) Attestor {
 			BootNonce: &h,
 			Machine:   m.ID,
 			Inventory: inventory,
-			Retire:    m.RamdiskNode,
+			Retire:    m.BoundRamdisk,
 		}}, nil
 	})
 }

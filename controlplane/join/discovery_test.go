@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/better-compute/bcd/controlplane/cptest"
+	"github.com/better-compute/bcd/controlplane/httpjson"
 	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/protocol"
 )
@@ -45,7 +46,7 @@ func TestDiscoveryJoin(t *testing.T) {
 		}
 		ids = append(ids, res.NodeID)
 		got, _ := f.st.GetMachine(ctx, m.ID)
-		if got.RamdiskNode != res.NodeID || !strings.Contains(string(got.Inventory), `"cpus":8`) || got.InventoryAt.IsZero() {
+		if got.BoundRamdisk != res.NodeID || !strings.Contains(string(got.Inventory), `"cpus":8`) || got.InventoryAt.IsZero() {
 			t.Errorf("boot %d: machine %+v", boot, got)
 		}
 		n, _ := f.st.GetNode(ctx, res.NodeID)
@@ -79,7 +80,7 @@ func TestDiscoveryRefusals(t *testing.T) {
 
 	if _, err := f.svc.Join(ctx, a.DiscoveryRequest(strings.Repeat("z", 40), cptest.MAC)); code(err) != protocol.CodeNonceUnknown {
 		t.Errorf("unknown nonce: %v", err)
-	} else if !err.(*protocol.ErrorResponse).Retryable {
+	} else if !httpjson.Response(err).Retryable {
 		t.Error("NONCE_UNKNOWN is not retryable")
 	}
 
@@ -186,8 +187,8 @@ func TestDiscoveryNonceSingleUseUnderConcurrency(t *testing.T) {
 	}
 	got, _ := f.st.GetMachine(ctx, m.ID)
 	nodes, _ := f.st.ListNodes(ctx)
-	if len(nodes) != 1 || got.RamdiskNode != nodes[0].ID {
-		t.Errorf("nodes %d, machine's ramdisk %s", len(nodes), got.RamdiskNode)
+	if len(nodes) != 1 || got.BoundRamdisk != nodes[0].ID {
+		t.Errorf("nodes %d, machine's bound ramdisk %s", len(nodes), got.BoundRamdisk)
 	}
 }
 
@@ -234,8 +235,8 @@ func TestDiscoveryManualApproval(t *testing.T) {
 	if res.Site != "man1" {
 		t.Errorf("site %s", res.Site)
 	}
-	if got, _ := f.st.GetMachine(ctx, m.ID); got.RamdiskNode != res.NodeID {
-		t.Errorf("machine's ramdisk %s, want %s", got.RamdiskNode, res.NodeID)
+	if got, _ := f.st.GetMachine(ctx, m.ID); got.BoundRamdisk != res.NodeID {
+		t.Errorf("machine's bound ramdisk %s, want %s", got.BoundRamdisk, res.NodeID)
 	}
 }
 
@@ -262,14 +263,15 @@ func TestProvisionedBindsTheMachine(t *testing.T) {
 		t.Errorf("node %s", res.NodeID)
 	}
 	got, _ := f.st.GetMachine(ctx, m.ID)
-	if got.Node != "n_installed" || got.RamdiskNode != "" {
-		t.Errorf("machine node %q ramdisk %q", got.Node, got.RamdiskNode)
+	// The join records the binding; the lifecycle adopts it into the status.
+	if got.BoundNode != "n_installed" || got.BoundRamdisk != "" || got.Node != "" || !got.PendingBindings() {
+		t.Errorf("machine bound node %q bound ramdisk %q node %q", got.BoundNode, got.BoundRamdisk, got.Node)
 	}
 	if n, _ := f.st.GetNode(ctx, ramdisk); !n.Deleted() {
 		t.Error("the ramdisk node outlived the installed OS's join")
 	}
 	// A deploy's token whose machine was deleted meanwhile still joins.
-	if err := f.st.DeleteMachine(ctx, m.ID); err != nil {
+	if err := f.st.DeleteMachine(ctx, m.ID, false); err != nil {
 		t.Fatal(err)
 	}
 	_, secret = cptest.NewToken(t, f.st, func(tk *store.Token) { tk.NodeID = "n_orphan"; tk.MachineID = m.ID })

@@ -54,7 +54,7 @@
 // earlier deployment installed. Service.Bound tells the lifecycle
 // controller about every node bound to a machine.
 //
-// Refusals are *protocol.ErrorResponse errors with the code that says why;
+// Refusals are *refusal.Refusal errors with the code that says why;
 // anything else (the store failing) is for the caller to answer as a
 // retryable UNAVAILABLE.
 package join

@@ -16,6 +16,7 @@ import (
 
 	"github.com/better-compute/bcd/controlplane/httpjson"
 	"github.com/better-compute/bcd/controlplane/ids"
+	"github.com/better-compute/bcd/controlplane/refusal"
 	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/controlplane/token"
 	"github.com/better-compute/bcd/pki"
@@ -69,7 +70,7 @@ type Verdict struct {
 }
 
 // Attestor decides whether a joining agent is who it claims to be. A refusal
-// is a *protocol.ErrorResponse; any other error is the attestor failing and
+// is a *refusal.Refusal; any other error is the attestor failing and
 // the join may be retried.
 type Attestor interface {
 	Attest(ctx context.Context, r *Request) (Verdict, error)
@@ -128,7 +129,7 @@ func (s *Service) log() *slog.Logger {
 	return slog.New(slog.DiscardHandler)
 }
 
-func refuse(code, format string, args ...any) error { return httpjson.Errorf(code, format, args...) }
+func refuse(code, format string, args ...any) error { return refusal.New(code, format, args...) }
 
 // DecodeRequest reads a JoinRequest of at most protocol.MaxJoinRequestSize
 // bytes, refusing unknown fields and trailing data (INVALID_INPUT).

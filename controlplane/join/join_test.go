@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/better-compute/bcd/controlplane/cptest"
+	"github.com/better-compute/bcd/controlplane/httpjson"
 	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/pki"
 	"github.com/better-compute/bcd/protocol"
@@ -37,8 +37,7 @@ func newFixture(t testing.TB) *fixture {
 }
 
 func code(err error) string {
-	var e *protocol.ErrorResponse
-	if errors.As(err, &e) {
+	if e := httpjson.Response(err); e != nil {
 		return e.Code
 	}
 	return ""

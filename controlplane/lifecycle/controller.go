@@ -5,15 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"regexp"
 	"runtime/debug"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/better-compute/bcd/controlplane/httpjson"
 	"github.com/better-compute/bcd/controlplane/ids"
 	"github.com/better-compute/bcd/controlplane/machines"
+	"github.com/better-compute/bcd/controlplane/refusal"
 	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/protocol"
 )
@@ -26,9 +25,6 @@ const (
 	DefaultTick          = 2 * time.Second
 	DefaultWorkers       = 8
 	DefaultTokenTTL      = 24 * time.Hour
-	// DefaultPool is the pool an installed OS joins when the deploy names
-	// none.
-	DefaultPool = "default"
 )
 
 // stepTimeout bounds one step of one machine: the store answering slowly
@@ -42,6 +38,9 @@ type Store interface {
 	ListNodes(ctx context.Context) ([]store.Node, error)
 	GetCommand(ctx context.Context, id string) (store.Command, error)
 	GetSession(ctx context.Context, id int64) (store.Session, error)
+	// AdoptBindings writes the bindings a machine without a running
+	// deployment adopted.
+	AdoptBindings(ctx context.Context, id string, ch store.StatusChange) (store.Machine, error)
 	store.Deployments
 }
 
@@ -167,6 +166,15 @@ func (c *Controller) Run(ctx context.Context) error {
 	c.enqueueOpen(ctx)
 	if ms, err := c.Store.ListMachinesInState(ctx, store.MachineProvisioned); err != nil {
 		c.log().Error("lifecycle: listing provisioned machines failed", "err", err)
+	} else {
+		for _, m := range ms {
+			c.enqueue(m.ID)
+		}
+	}
+	// Bindings the JoinService recorded while no controller ran (a
+	// restart between a join and its adoption).
+	if ms, err := c.Store.ListMachinesWithPendingBindings(ctx); err != nil {
+		c.log().Error("lifecycle: listing machines with bindings to adopt failed", "err", err)
 	} else {
 		for _, m := range ms {
 			c.enqueue(m.ID)
@@ -364,29 +372,25 @@ func (c *Controller) runStep(ctx context.Context, id string) {
 	}
 }
 
-// Deploy starts a deployment of m: a machine whose ramdisk is connected goes
-// straight to ramdisk; any other is PXE-booted into the ramdisk. A machine
-// whose deployment has not finished refuses (ALREADY_EXISTS): cancel it
-// first. It returns the machine as the deployment started it, read before the
-// workers take their first step.
+// Deploy starts a deployment of m with spec, which the caller normalized and
+// validated (machines.Service, at the api edge): a machine whose ramdisk is
+// connected goes straight to ramdisk; any other is PXE-booted into the
+// ramdisk. A machine whose deployment has not finished refuses
+// (ALREADY_EXISTS): cancel it first. It returns the machine as the
+// deployment started it, read before the workers take their first step.
 func (c *Controller) Deploy(ctx context.Context, m store.Machine, spec store.DeploySpec) (store.Deployment, store.Machine, error) {
 	c.init()
 	if c.Install == nil {
-		return store.Deployment{}, store.Machine{}, httpjson.Errorf(protocol.CodeUnsupported, "this control plane was started without what a deploy writes into the installed OS (gateway and PKI)")
-	}
-	if spec.After == "" {
-		spec.After = protocol.AfterKexec
-	}
-	if spec.Pool == "" {
-		spec.Pool = DefaultPool
-	}
-	if err := ValidateSpec(spec); err != nil {
-		return store.Deployment{}, store.Machine{}, httpjson.Errorf(protocol.CodeInvalidInput, "deploy: %v", err)
+		return store.Deployment{}, store.Machine{}, refusal.New(protocol.CodeUnsupported, "this control plane was started without what a deploy writes into the installed OS (gateway and PKI)")
 	}
 	now := c.now()
 	t := c.timeouts()
-	d := store.Deployment{ID: ids.New(ids.PrefixDeployment, now), MachineID: m.ID, Spec: spec, RamdiskNode: m.RamdiskNode}
-	p := &plan{c: c, m: m, d: d, now: now}
+	p := &plan{c: c, m: m, now: now}
+	// A ramdisk the JoinService bound that the workers have not adopted yet
+	// is the machine's all the same.
+	p.adopt()
+	m = p.m
+	p.d = store.Deployment{ID: ids.New(ids.PrefixDeployment, now), MachineID: m.ID, Spec: spec}
 	image := redactURL(spec.Image.URL)
 	ramdisk, err := c.liveRamdisk(ctx, m.RamdiskNode)
 	switch {
@@ -395,12 +399,14 @@ func (c *Controller) Deploy(ctx context.Context, m store.Machine, spec store.Dep
 	case ramdisk:
 		p.enterRamdisk(m.RamdiskNode, fmt.Sprintf("deploying %s with ramdisk node %s, which is connected: no PXE boot needed", image, m.RamdiskNode))
 	case m.BMC == nil:
+		p.d.LeftRamdisk = m.RamdiskNode
 		mode := protocol.BootRamdisk
 		p.ch.BootMode = &mode
 		p.d.Step, p.d.BootAttempts, p.d.Deadline = StepWaitJoin, 1, now.Add(t.Ramdisk)
 		p.state(store.MachinePXEBooting, fmt.Sprintf("deploying %s: boot entry ramdisk; the machine has no BMC, so power it on or reset it by hand; waiting up to %s for its ramdisk to join",
 			image, t.Ramdisk))
 	default:
+		p.d.LeftRamdisk = m.RamdiskNode
 		mode := protocol.BootRamdisk
 		p.ch.BootMode = &mode
 		p.d.Step = StepBootdev
@@ -411,10 +417,10 @@ func (c *Controller) Deploy(ctx context.Context, m store.Machine, spec store.Dep
 	switch {
 	case errors.Is(err, store.ErrDeploymentActive):
 		cur, _ := c.Store.GetMachine(ctx, m.ID)
-		return store.Deployment{}, store.Machine{}, httpjson.Errorf(protocol.CodeAlreadyExists,
+		return store.Deployment{}, store.Machine{}, refusal.New(protocol.CodeAlreadyExists,
 			"machine %s is %s with deployment %s: wait for it, or stop it first (better-compute machines cancel %s)", m.ID, cur.State, cur.Deployment, m.ID)
 	case errors.Is(err, store.ErrNotFound):
-		return store.Deployment{}, store.Machine{}, httpjson.Errorf(protocol.CodeNotFound, "machine %s does not exist", m.ID)
+		return store.Deployment{}, store.Machine{}, refusal.New(protocol.CodeNotFound, "machine %s does not exist", m.ID)
 	case err != nil:
 		return store.Deployment{}, store.Machine{}, err
 	}
@@ -438,14 +444,14 @@ func (c *Controller) Cancel(ctx context.Context, m store.Machine) (store.Deploym
 	c.init()
 	for range 5 {
 		if m.Deployment == "" {
-			return store.Deployment{}, httpjson.Errorf(protocol.CodeInvalidInput, "machine %s has no deployment to cancel (state %s)", m.ID, m.State)
+			return store.Deployment{}, refusal.New(protocol.CodeInvalidInput, "machine %s has no deployment to cancel (state %s)", m.ID, m.State)
 		}
 		d, err := c.Store.GetDeployment(ctx, m.Deployment)
 		if err != nil {
 			return d, err
 		}
 		if d.Finished() {
-			return d, httpjson.Errorf(protocol.CodeInvalidInput, "machine %s's deployment %s already ended (%s; state %s)", m.ID, d.ID, d.Outcome, m.State)
+			return d, refusal.New(protocol.CodeInvalidInput, "machine %s's deployment %s already ended (%s; state %s)", m.ID, d.ID, d.Outcome, m.State)
 		}
 		p := &plan{c: c, m: m, d: d, now: c.now()}
 		p.fail("cancelled by operator", OutcomeCancelled)
@@ -464,7 +470,7 @@ func (c *Controller) Cancel(ctx context.Context, m store.Machine) (store.Deploym
 		c.applied(p)
 		return got, nil
 	}
-	return store.Deployment{}, httpjson.Unavailable("the deployment kept changing while it was cancelled; try again")
+	return store.Deployment{}, refusal.Unavailable("the deployment kept changing while it was cancelled; try again")
 }
 
 // applied tells the agents and the controller's own maps what a written plan
@@ -484,6 +490,7 @@ func (c *Controller) applied(p *plan) {
 	}
 	c.watchNode(p.d.RamdiskNode, p.m.ID)
 	c.watchNode(p.d.NodeID, p.m.ID)
+	c.watchNode(p.m.RamdiskNode, p.m.ID)
 }
 
 // liveRamdisk reports whether nodeID is a ramdisk node, not retired, with a
@@ -500,20 +507,4 @@ func (c *Controller) liveRamdisk(ctx context.Context, nodeID string) (bool, erro
 		return false, err
 	}
 	return !n.Deleted() && n.Role == protocol.RoleRamdisk && n.SessionID != 0, nil
-}
-
-// poolPattern is the api's pattern for pool names.
-var poolPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
-
-// ValidateSpec checks a deployment's spec as its deploy.image will be
-// checked, without the files each attempt adds.
-func ValidateSpec(spec store.DeploySpec) error {
-	if spec.After != protocol.AfterKexec && spec.After != protocol.AfterReboot {
-		return fmt.Errorf("after %q: a deployment ends with the installed OS running: want kexec or reboot", short(spec.After))
-	}
-	if !poolPattern.MatchString(spec.Pool) {
-		return fmt.Errorf("pool %q: want 1 to 63 characters of a-z, 0-9, _, . and -, starting with a letter or digit", short(spec.Pool))
-	}
-	p := protocol.DeployImageParams{Image: spec.Image, Target: spec.Target, After: protocol.DeployAfter{Action: spec.After, Cmdline: spec.Cmdline}}
-	return p.Validate()
 }

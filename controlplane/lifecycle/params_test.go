@@ -21,7 +21,7 @@ func TestDeployParams(t *testing.T) {
 	spec := store.DeploySpec{Image: protocol.DeployImage{URL: "https://images.example.test/ubuntu.raw.zst", SHA256: strings.Repeat("ab", 32),
 		Size: 1 << 30, Format: protocol.FormatZstd, ImageSize: 4 << 30}, Target: protocol.DeployTarget{Serial: "S123"},
 		After: protocol.AfterKexec, Cmdline: "console=ttyS0", Pool: "default"}
-	if err := ValidateSpec(spec); err != nil {
+	if err := spec.Validate(); err != nil {
 		t.Fatal(err)
 	}
 	p, err := c.deployParams(store.Machine{ID: "m_1", Site: cptest.Site}, spec, "bcjt_secret", "n_installed")
@@ -62,7 +62,7 @@ func TestDeployParams(t *testing.T) {
 	} {
 		bad := spec
 		mut(&bad)
-		if ValidateSpec(bad) == nil {
+		if bad.Validate() == nil {
 			t.Errorf("%s: accepted", name)
 		}
 	}

@@ -72,14 +72,27 @@ func (p *plan) note(kind, msg string, data map[string]any) {
 
 // command queues a command about the machine for node, as the step's.
 func (p *plan) command(node, kind string, params any) {
-	var raw json.RawMessage
-	if params != nil {
-		raw, _ = json.Marshal(params)
+	c, err := machines.NewCommand(p.now, node, p.m.ID, kind, params)
+	if err != nil {
+		// The params are the protocol's own types: they always encode.
+		panic(err)
 	}
-	c := store.Command{ID: ids.New(ids.PrefixCommand, p.now), NodeID: node, MachineID: p.m.ID, Kind: kind, Params: raw,
-		State: store.CommandPending, CreatedAt: p.now, UpdatedAt: p.now}
 	p.ch.Commands = append(p.ch.Commands, c)
 	p.d.CommandID = c.ID
+	p.dirty = true
+}
+
+// adopt takes the bindings the JoinService recorded (MachineObserved) into
+// the machine's status, written with the step: the lifecycle is the only
+// writer of a machine's status, and it learns that a node joined for the
+// machine from BindSeq, not by comparing records.
+func (p *plan) adopt() {
+	m := &p.m
+	if !m.PendingBindings() {
+		return
+	}
+	p.ch.Adopt = &store.StatusChange{BindSeq: m.BindSeq, RamdiskNode: m.BoundRamdisk, Node: m.BoundNode, At: p.now}
+	m.RamdiskNode, m.Node, m.BindApplied = m.BoundRamdisk, m.BoundNode, m.BindSeq
 	p.dirty = true
 }
 
@@ -104,20 +117,35 @@ func (c *Controller) step(ctx context.Context, id string) error {
 	if errors.Is(err, store.ErrNotFound) {
 		return nil
 	}
-	if err != nil || m.Deployment == "" {
-		return err
-	}
-	d, err := c.Store.GetDeployment(ctx, m.Deployment)
-	if errors.Is(err, store.ErrNotFound) {
-		return nil
-	}
 	if err != nil {
 		return err
+	}
+	p := &plan{c: c, m: m, now: c.now()}
+	p.adopt()
+	var d store.Deployment
+	if m.Deployment != "" {
+		d, err = c.Store.GetDeployment(ctx, m.Deployment)
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			return err
+		}
+	}
+	if d.ID == "" {
+		// No deployment to step: only the bindings to adopt.
+		if p.ch.Adopt == nil {
+			return nil
+		}
+		if _, err := c.Store.AdoptBindings(ctx, m.ID, *p.ch.Adopt); err != nil {
+			return err
+		}
+		c.watchNode(p.m.RamdiskNode, m.ID)
+		c.watchNode(p.m.Node, m.ID)
+		return nil
 	}
 	c.watchCommand(d.CommandID, m.ID)
 	c.watchNode(d.RamdiskNode, m.ID)
 	c.watchNode(d.NodeID, m.ID)
-	p := &plan{c: c, m: m, d: d, now: c.now(), oldCommand: d.CommandID}
+	p.d, p.oldCommand = d, d.CommandID
+	m = p.m
 	if d.Finished() {
 		if d.Outcome == OutcomeProvisioned && m.State == store.MachineProvisioned {
 			err = p.provisioned(ctx)
@@ -154,7 +182,7 @@ func (c *Controller) step(ctx context.Context, id string) error {
 // cycle, then the wait for a ramdisk that is not the one left behind.
 func (p *plan) pxeBooting(ctx context.Context) error {
 	d, m := &p.d, p.m
-	if m.RamdiskNode != "" && m.RamdiskNode != d.RamdiskNode {
+	if m.RamdiskNode != "" && m.RamdiskNode != d.LeftRamdisk {
 		live, err := p.c.liveRamdisk(ctx, m.RamdiskNode)
 		if err != nil {
 			return err
@@ -265,12 +293,7 @@ func (c *Controller) siteAgent(ctx context.Context, site string) (string, error)
 	if err != nil {
 		return "", err
 	}
-	var best store.Node
-	for _, n := range nodes {
-		if n.Role == protocol.RoleSite && n.Site == site && n.SessionID != 0 && (best.ID == "" || n.LastSeenAt.After(best.LastSeenAt)) {
-			best = n
-		}
-	}
+	best, _ := machines.PickSiteAgent(nodes, site)
 	return best.ID, nil
 }
 
@@ -288,6 +311,12 @@ func (p *plan) rebootIntoRamdisk(why string) error {
 		return nil
 	}
 	p.revokeToken()
+	// The ramdisk in use, if any, is the one left behind: the next to join
+	// is another node.
+	if d.RamdiskNode != "" {
+		d.LeftRamdisk = d.RamdiskNode
+	}
+	d.RamdiskNode = ""
 	d.Step, d.CommandID, d.BMCAttempts, d.Deadline, d.LostAt = StepBootdev, "", 0, time.Time{}, time.Time{}
 	mode := protocol.BootRamdisk
 	p.ch.BootMode = &mode
@@ -299,7 +328,7 @@ func (p *plan) rebootIntoRamdisk(why string) error {
 // inventory.
 func (p *plan) enterRamdisk(node, why string) {
 	d := &p.d
-	d.RamdiskNode, d.LostAt, d.BMCAttempts = node, time.Time{}, 0
+	d.RamdiskNode, d.LeftRamdisk, d.LostAt, d.BMCAttempts = node, "", time.Time{}, 0
 	d.Step, d.Deadline = StepInventory, p.now.Add(p.c.timeouts().Inventory)
 	p.command(node, protocol.KindInventory, nil)
 	p.state(store.MachineRamdisk, why)
@@ -378,8 +407,7 @@ func (c *Controller) deployParams(m store.Machine, spec store.DeploySpec, tok, n
 	if err != nil {
 		return protocol.DeployImageParams{}, err
 	}
-	p := protocol.DeployImageParams{Image: spec.Image, Target: spec.Target, Files: files,
-		After: protocol.DeployAfter{Action: spec.After, Cmdline: spec.Cmdline}}
+	p := spec.Params(files)
 	if err := p.Validate(); err != nil {
 		return protocol.DeployImageParams{}, err
 	}
@@ -406,7 +434,7 @@ func (p *plan) deploying(ctx context.Context) error {
 	case cmd.State == protocol.StateSucceeded:
 		p.installed(cmd)
 		return nil
-	case cmd.State == protocol.StateFailed && cmd.Reason == "NodeDeleted":
+	case cmd.State == protocol.StateFailed && cmd.Reason == protocol.ReasonNodeDeleted:
 		return p.rebootIntoRamdisk(fmt.Sprintf("ramdisk node %s was retired during deploy.image (%s)", d.RamdiskNode, cmd.Message))
 	case cmd.State == protocol.StateFailed || cmd.State == protocol.StateUnsupported:
 		return p.deployFailed(ctx, fmt.Sprintf("deploy.image %s: %s", cmd.State, reasonOf(cmd)))

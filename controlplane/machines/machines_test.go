@@ -55,7 +55,7 @@ func TestSpecs(t *testing.T) {
 		m.MACs = []string{"52:54:00:00:00:01", "52:54:00:00:00:02"}
 		m.BMC = &store.MachineBMC{Address: "10.0.0.5", Port: 6230, Username: "admin", Password: "pw", CipherSuite: 3}
 	})
-	cptest.NewMachine(t, st, func(m *store.Machine) { m.MACs = []string{"52:54:00:00:00:03"}; m.BootMode = "" })
+	cptest.NewMachine(t, st, func(m *store.Machine) { m.MACs = []string{"52:54:00:00:00:03"}; m.BootOverride = "" })
 	st.SetSiteHTTPProxy(ctx, cptest.Site, &protocol.HTTPProxySection{Listen: "10.20.0.2:3128", Allow: []string{"images.example.test:443"}}, time.Now())
 
 	spec, err := specs.Spec(ctx, site)

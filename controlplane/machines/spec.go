@@ -46,9 +46,9 @@ func (s *Specs) Spec(ctx context.Context, node store.Node) (*protocol.Spec, erro
 	boot := protocol.BootSection{Entries: []protocol.BootEntry{}}
 	bmcs := protocol.BMCHostsSection{Hosts: []protocol.BMCHost{}}
 	for _, m := range ms {
-		if m.BootMode != "" {
+		if mode := m.EffectiveBootMode(); mode != "" {
 			for _, mac := range m.MACs {
-				boot.Entries = append(boot.Entries, protocol.BootEntry{MAC: mac, Mode: m.BootMode, Machine: m.ID})
+				boot.Entries = append(boot.Entries, protocol.BootEntry{MAC: mac, Mode: mode, Machine: m.ID})
 			}
 		}
 		if m.BMC != nil {

@@ -3,8 +3,10 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
+	"github.com/better-compute/bcd/controlplane/ids"
 	"github.com/better-compute/bcd/protocol"
 )
 
@@ -31,6 +33,40 @@ type DeploySpec struct {
 	Pool    string `json:"pool"`
 }
 
+// DefaultPool is the pool an installed OS joins when the deploy names none.
+const DefaultPool = "default"
+
+// Normalize fills in the defaults of a deployment's spec: after kexec (a
+// deployment ends with the installed OS running) and DefaultPool. It is
+// called once, at the api edge, before Validate.
+func (s *DeploySpec) Normalize() {
+	if s.After == "" {
+		s.After = protocol.AfterKexec
+	}
+	if s.Pool == "" {
+		s.Pool = DefaultPool
+	}
+}
+
+// Validate checks a normalized spec as its deploy.image will be checked,
+// without the files each attempt adds. The error names the field at fault.
+func (s DeploySpec) Validate() error {
+	if s.After != protocol.AfterKexec && s.After != protocol.AfterReboot {
+		return fmt.Errorf("after %q: a deployment ends with the installed OS running: want kexec or reboot", short(s.After))
+	}
+	if err := ids.CheckName("pool", s.Pool); err != nil {
+		return err
+	}
+	p := s.Params(nil)
+	return p.Validate()
+}
+
+// Params are the deploy.image params of the spec with files.
+func (s DeploySpec) Params(files []protocol.DeployFile) protocol.DeployImageParams {
+	return protocol.DeployImageParams{Image: s.Image, Target: s.Target, Files: files,
+		After: protocol.DeployAfter{Action: s.After, Cmdline: s.Cmdline}}
+}
+
 // Deployment is one run of a machine's lifecycle, from `machines deploy` to
 // provisioned or failed: the spec, where the controller is (Step, Deadline),
 // what it has used of its retries, and what it waits for. Everything the
@@ -53,9 +89,13 @@ type Deployment struct {
 	BMCAttempts    int `json:"bmc_attempts,omitempty"`
 	// CommandID is the command the current step waits for.
 	CommandID string `json:"command_id,omitempty"`
-	// RamdiskNode is the ramdisk the deployment uses; while PXE-booting, the
-	// one it left behind (a join is new when it is another node).
+	// RamdiskNode is the ramdisk the deployment uses: set when the machine
+	// enters ramdisk, "" while it PXE-boots.
 	RamdiskNode string `json:"ramdisk_node,omitempty"`
+	// LeftRamdisk is the ramdisk it left behind when it PXE-booted (the
+	// machine's ramdisk at the deploy, or the one lost mid-way): a ramdisk
+	// that joins is new when it is another node.
+	LeftRamdisk string `json:"left_ramdisk,omitempty"`
 	// NodeID and TokenID are the current deploy.image attempt's: the node
 	// the installed OS joins as and the single-use token it joins with.
 	NodeID  string `json:"node_id,omitempty"`
@@ -100,6 +140,9 @@ type DeploymentChange struct {
 	Commands     []Command
 	// Events go on the machine's timeline after the state event.
 	Events []MachineEvent
+	// Adopt, when set, writes the bindings the step adopted into the
+	// machine's status, under the same check as AdoptBindings.
+	Adopt *StatusChange
 	// Finish, when set, ends the deployment with this outcome.
 	Finish string
 	At     time.Time
@@ -111,7 +154,8 @@ type Deployments interface {
 	// in one transaction. It fails with ErrDeploymentActive when the
 	// machine's current deployment has not finished, ErrNotFound when the
 	// machine does not exist. The previous deployment's unused token is
-	// revoked.
+	// revoked, and the operator's boot override cleared: the deploy hands
+	// the boot mode to the lifecycle.
 	StartDeployment(ctx context.Context, d Deployment, ch DeploymentChange) (Deployment, error)
 	GetDeployment(ctx context.Context, id string) (Deployment, error)
 	// OpenDeployments returns the deployments that have not finished,
@@ -122,9 +166,20 @@ type Deployments interface {
 	// returns it at its new version.
 	AdvanceDeployment(ctx context.Context, d Deployment, ch DeploymentChange) (Deployment, error)
 	// FindMachineByNode returns the machine whose installed node or ramdisk
-	// node is nodeID, or ErrNotFound.
+	// node, adopted or only bound, is nodeID, or ErrNotFound.
 	FindMachineByNode(ctx context.Context, nodeID string) (Machine, error)
 	// ListMachinesInState returns every site's machines in state, oldest
 	// first.
 	ListMachinesInState(ctx context.Context, state string) ([]Machine, error)
+	// ListMachinesWithPendingBindings returns the machines with bindings
+	// the lifecycle has not adopted (Machine.PendingBindings).
+	ListMachinesWithPendingBindings(ctx context.Context) ([]Machine, error)
+}
+
+// short cuts a value quoted in an error.
+func short(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
 }

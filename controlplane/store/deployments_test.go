@@ -140,7 +140,7 @@ func TestDeployments(t *testing.T) {
 	}
 
 	// Deleting the machine takes its deployments along.
-	if err := s.DeleteMachine(ctx, m.ID); err != nil {
+	if err := s.DeleteMachine(ctx, m.ID, false); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.GetDeployment(ctx, d.ID); !errors.Is(err, ErrNotFound) {
@@ -164,7 +164,7 @@ func TestFindMachineByNodeAndRetire(t *testing.T) {
 		t.Errorf("by ramdisk: %+v %v", m, err)
 	}
 	admit("n_os1", "node")
-	if m, err := s.FindMachineByNode(ctx, "n_os1"); err != nil || m.ID != "m_1" || m.RamdiskNode != "" {
+	if m, err := s.FindMachineByNode(ctx, "n_os1"); err != nil || m.ID != "m_1" || m.BoundRamdisk != "" || m.BoundNode != "n_os1" || !m.PendingBindings() || m.Node != "" {
 		t.Errorf("by node: %+v %v", m, err)
 	}
 	// A second deployment: its OS retires the first's.

@@ -23,7 +23,8 @@ const (
 )
 
 // MachineBusy reports whether a machine in state runs a deployment: one
-// that a new deployment must not replace without a cancel.
+// that a new deployment must not replace without a cancel, and whose spec and
+// BMC an operator must not change under it.
 func MachineBusy(state string) bool {
 	switch state {
 	case MachinePXEBooting, MachineRamdisk, MachineDeploying, MachineInstalling:
@@ -32,48 +33,120 @@ func MachineBusy(state string) bool {
 	return false
 }
 
+// Boot overrides an operator sets (MachineSpec.BootOverride): while no
+// deployment runs, they win over the boot mode the lifecycle left.
+const (
+	// BootOverrideNone: the site agent ignores the machine's PXE requests.
+	BootOverrideNone = "none"
+)
+
 // Firmware of a machine (Machine.Firmware): how its BMC is told to PXE-boot.
 const (
 	FirmwareBIOS = "bios"
 	FirmwareUEFI = "uefi"
 )
 
-// Machine is a bare-metal server the control plane knows by its MACs.
+// Machine is a bare-metal server the control plane knows by its MACs. Its
+// record has three parts, each with one writer:
+//
+//   - MachineSpec is what the operator sets, through machines.Service (the
+//     api's only way to change a machine);
+//   - MachineStatus is what the lifecycle decided: only the lifecycle
+//     controller writes it (StartDeployment, AdvanceDeployment,
+//     AdoptBindings);
+//   - MachineObserved is what agents reported: the JoinService's bindings,
+//     a site agent's boot steps, inventories. The lifecycle consumes the
+//     bindings into the status (BindSeq against BindApplied).
+//
+// The parts are embedded so that the JSON of a machine stays flat.
 type Machine struct {
-	ID string `json:"id"`
+	ID   string `json:"id"`
+	Site string `json:"site"`
+	MachineSpec
+	MachineStatus
+	MachineObserved
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// MachineSpec is what the operator sets.
+type MachineSpec struct {
 	// Name is optional and unique within the site.
 	Name string `json:"name,omitempty"`
-	Site string `json:"site"`
 	// MACs are lowercase and colon-separated, each unique across machines.
 	MACs []string `json:"macs"`
-	// BootMode is protocol.BootRamdisk, protocol.BootLocal or "" (the site
-	// does not answer the machine's PXE requests).
-	BootMode string `json:"boot_mode,omitempty"`
 	// BMC is nil for a machine without one.
 	BMC *MachineBMC `json:"bmc,omitempty"`
 	// Firmware is FirmwareBIOS ("" when creating means bios) or
 	// FirmwareUEFI: bmc.bootdev pxe asks for an EFI boot on uefi.
-	Firmware       string    `json:"firmware"`
+	Firmware string `json:"firmware"`
+	// Approved lets its ramdisk join in a site with manual approval.
+	Approved bool `json:"approved"`
+	// BootOverride is the operator's boot mode: protocol.BootRamdisk,
+	// protocol.BootLocal, BootOverrideNone, or "" to leave it to the
+	// lifecycle. It wins over MachineStatus.BootMode while no deployment
+	// runs; a deployment clears it (the deploy hands the boot mode to the
+	// lifecycle).
+	BootOverride string `json:"boot_override,omitempty"`
+}
+
+// MachineStatus is what the lifecycle decided.
+type MachineStatus struct {
 	State          string    `json:"state"`
 	StateReason    string    `json:"state_reason,omitempty"`
 	StateChangedAt time.Time `json:"state_changed_at"`
-	// RamdiskNode is the node its ramdisk joined as on its latest boot.
+	// BootMode is the boot mode the lifecycle put in effect:
+	// protocol.BootRamdisk, protocol.BootLocal or "" (none).
+	// EffectiveBootMode says what the site agent is told.
+	BootMode string `json:"boot_mode,omitempty"`
+	// RamdiskNode is the node its ramdisk joined as on its latest boot, ""
+	// once its installed OS joined (which retires the ramdisk).
 	RamdiskNode string `json:"ramdisk_node,omitempty"`
 	// Node is the node its installed OS joined as.
 	Node string `json:"node,omitempty"`
 	// Deployment is its latest deployment (dep_…), "" before the first.
 	Deployment string `json:"deployment,omitempty"`
+	// BindApplied is the MachineObserved.BindSeq whose bindings RamdiskNode
+	// and Node reflect.
+	BindApplied int64 `json:"-"`
+}
+
+// MachineObserved is what agents reported about the machine.
+type MachineObserved struct {
 	// Inventory is the latest hardware report: the claims of its ramdisk's
 	// join, or the result of an inventory command.
 	Inventory   json.RawMessage `json:"inventory,omitempty"`
 	InventoryAt time.Time       `json:"inventory_at,omitzero"`
-	// Approved lets its ramdisk join in a site with manual approval.
-	Approved bool `json:"approved"`
 	// LastBoot is the latest machine.booted step a site agent reported.
 	LastBootStage string    `json:"last_boot_stage,omitempty"`
 	LastBootAt    time.Time `json:"last_boot_at,omitzero"`
-	CreatedAt     time.Time `json:"created_at"`
-	UpdatedAt     time.Time `json:"updated_at"`
+	// BoundRamdisk and BoundNode are the nodes the JoinService last bound
+	// to the machine (a ramdisk join; an installed OS's join, which clears
+	// BoundRamdisk); BindSeq grows with each binding. The lifecycle adopts
+	// them into MachineStatus.
+	BoundRamdisk string `json:"-"`
+	BoundNode    string `json:"-"`
+	BindSeq      int64  `json:"-"`
+}
+
+// Busy reports whether the machine runs a deployment.
+func (m Machine) Busy() bool { return MachineBusy(m.State) }
+
+// PendingBindings reports whether the JoinService bound a node the
+// lifecycle has not adopted yet.
+func (m Machine) PendingBindings() bool { return m.BindSeq != m.BindApplied }
+
+// EffectiveBootMode is what the site agent is told for the machine's MACs:
+// protocol.BootRamdisk, protocol.BootLocal or "" (ignore its PXE requests).
+// The operator's override wins while no deployment runs.
+func (m Machine) EffectiveBootMode() string {
+	switch {
+	case m.Busy() || m.BootOverride == "":
+		return m.BootMode
+	case m.BootOverride == BootOverrideNone:
+		return ""
+	}
+	return m.BootOverride
 }
 
 // MachineBMC is a machine's BMC. The password is never encoded: nothing
@@ -109,18 +182,51 @@ type MachineEvent struct {
 	Data      json.RawMessage `json:"data,omitempty"`
 }
 
-// MachineUpdate is a change to a machine; nil fields stay as they are.
+// MachineUpdate is a change to a machine's spec; nil fields stay as they
+// are. Only machines.Service writes one.
 type MachineUpdate struct {
-	BootMode *string
+	// BootOverride, when set, is the operator's boot mode (see
+	// MachineSpec.BootOverride).
+	BootOverride *string
 	// Firmware, when set, is FirmwareBIOS or FirmwareUEFI.
 	Firmware *string
 	// SetBMC replaces the BMC with BMC (nil removes it).
 	SetBMC  bool
 	BMC     *MachineBMC
 	Approve bool
+	// IfIdle refuses the change with a *BusyError when the machine's
+	// deployment has not finished, checked in the transaction that writes
+	// it.
+	IfIdle bool
 	// Event goes on the machine's timeline with the change.
 	Event MachineEvent
 	At    time.Time
+}
+
+// ErrMachineBusy: the machine runs a deployment; cancel it first.
+var ErrMachineBusy = errors.New("the machine runs a deployment")
+
+// BusyError says which deployment a refused change would run under. It
+// wraps ErrMachineBusy.
+type BusyError struct {
+	Machine, State, Deployment string
+}
+
+func (e *BusyError) Error() string {
+	return "machine " + e.Machine + " is " + e.State + " (" + e.Deployment + "): cancel it first (better-compute machines cancel " + e.Machine + ")"
+}
+
+func (e *BusyError) Unwrap() error { return ErrMachineBusy }
+
+// StatusChange is the lifecycle's write of a machine's status outside a
+// deployment step: the bindings it adopted.
+type StatusChange struct {
+	// BindSeq is the MachineObserved.BindSeq the change adopts: the write
+	// fails with ErrConflict when another binding arrived meanwhile.
+	BindSeq     int64
+	RamdiskNode string
+	Node        string
+	At          time.Time
 }
 
 // ConflictError says which MAC or name of a new machine is taken, and by
@@ -157,12 +263,19 @@ type Machines interface {
 	FindMachinesByName(ctx context.Context, name string) ([]Machine, error)
 	// ListMachines lists a site's machines ("": every site's), oldest first.
 	ListMachines(ctx context.Context, site string) ([]Machine, error)
-	// UpdateMachine applies u and returns the machine; a change of boot
-	// mode or BMC moves the site's spec revision on.
+	// UpdateMachine applies u to the machine's spec and returns the
+	// machine; a change of boot override or BMC moves the site's spec
+	// revision on. With u.IfIdle a machine whose deployment has not
+	// finished refuses (*BusyError).
 	UpdateMachine(ctx context.Context, id string, u MachineUpdate) (Machine, error)
 	// DeleteMachine removes a machine, its MACs and its timeline, and moves
-	// the site's spec revision on.
-	DeleteMachine(ctx context.Context, id string) error
+	// the site's spec revision on. With ifIdle a machine whose deployment
+	// has not finished refuses (*BusyError).
+	DeleteMachine(ctx context.Context, id string, ifIdle bool) error
+	// AdoptBindings writes the bindings the lifecycle adopted into the
+	// machine's status (ErrConflict when ch.BindSeq is no longer the
+	// machine's).
+	AdoptBindings(ctx context.Context, id string, ch StatusChange) (Machine, error)
 	// RecordBoot attaches a boot step a site agent of site reported for mac
 	// to the machine with that MAC in that site, and puts ev on its
 	// timeline. It returns the machine's id, or ErrNotFound when no machine

@@ -50,7 +50,8 @@ func TestMigrateFromVersion1(t *testing.T) {
 
 func newMachine(id, site string, macs ...string) Machine {
 	now := time.Now()
-	return Machine{ID: id, Site: site, MACs: macs, State: MachineRegistered, StateChangedAt: now, CreatedAt: now, UpdatedAt: now}
+	return Machine{ID: id, Site: site, MachineSpec: MachineSpec{MACs: macs}, MachineStatus: MachineStatus{State: MachineRegistered, StateChangedAt: now},
+		CreatedAt: now, UpdatedAt: now}
 }
 
 func TestMachines(t *testing.T) {
@@ -66,7 +67,7 @@ func TestMachines(t *testing.T) {
 	}
 	m := newMachine(ids.New(ids.PrefixMachine, time.Now()), "fsn1", "52:54:00:00:00:01", "52:54:00:00:00:02")
 	m.Name = "rack1-u1"
-	m.BootMode = protocol.BootRamdisk
+	m.BootOverride = protocol.BootRamdisk
 	m.BMC = &MachineBMC{Address: "10.0.0.1", Username: "admin", Password: "s3cret", CipherSuite: 3}
 	if err := s.CreateMachine(ctx, m); err != nil {
 		t.Fatal(err)
@@ -79,7 +80,7 @@ func TestMachines(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got.Name != m.Name || strings.Join(got.MACs, ",") != "52:54:00:00:00:01,52:54:00:00:00:02" || got.BMC == nil ||
-		got.BMC.Password != "s3cret" || got.BootMode != protocol.BootRamdisk || got.State != MachineRegistered {
+		got.BMC.Password != "s3cret" || got.BootOverride != protocol.BootRamdisk || got.State != MachineRegistered {
 		t.Errorf("machine %+v", got)
 	}
 	// The password never leaves as JSON.
@@ -125,8 +126,8 @@ func TestMachines(t *testing.T) {
 
 	before := rev("fsn1")
 	local := protocol.BootLocal
-	got, err = s.UpdateMachine(ctx, m.ID, MachineUpdate{BootMode: &local, At: time.Now(), Event: MachineEvent{Kind: "machine.boot_mode", Message: "local"}})
-	if err != nil || got.BootMode != local || rev("fsn1") != before+1 {
+	got, err = s.UpdateMachine(ctx, m.ID, MachineUpdate{BootOverride: &local, At: time.Now(), Event: MachineEvent{Kind: "machine.boot_mode", Message: "local"}})
+	if err != nil || got.BootOverride != local || got.EffectiveBootMode() != local || rev("fsn1") != before+1 {
 		t.Errorf("boot mode: %+v %v, revision %d", got, err, rev("fsn1"))
 	}
 	if got, err = s.UpdateMachine(ctx, m.ID, MachineUpdate{Approve: true, At: time.Now()}); err != nil || !got.Approved || rev("fsn1") != before+1 {
@@ -161,7 +162,7 @@ func TestMachines(t *testing.T) {
 	}
 
 	before = rev("fsn1")
-	if err := s.DeleteMachine(ctx, m.ID); err != nil {
+	if err := s.DeleteMachine(ctx, m.ID, false); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.GetMachine(ctx, m.ID); !errors.Is(err, ErrNotFound) || rev("fsn1") != before+1 {
@@ -174,7 +175,7 @@ func TestMachines(t *testing.T) {
 	if err := s.CreateMachine(ctx, newMachine("m_5", "fsn1", "52:54:00:00:00:01")); err != nil {
 		t.Errorf("reusing a deleted machine's MAC: %v", err)
 	}
-	if err := s.DeleteMachine(ctx, m.ID); !errors.Is(err, ErrNotFound) {
+	if err := s.DeleteMachine(ctx, m.ID, false); !errors.Is(err, ErrNotFound) {
 		t.Errorf("delete twice: %v", err)
 	}
 }

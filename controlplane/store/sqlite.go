@@ -19,7 +19,7 @@ const DBFile = "better-compute.db"
 // migrations bring a database from PRAGMA user_version i to i+1; a new
 // database runs them all. Each is append-only: a released migration is
 // never edited.
-var migrations = []string{schemaV1, schemaV2, schemaV3}
+var migrations = []string{schemaV1, schemaV2, schemaV3, schemaV4}
 
 // schemaVersion is PRAGMA user_version of a database this build has migrated.
 var schemaVersion = len(migrations)
@@ -180,6 +180,26 @@ CREATE TABLE boot_nonces (
 	used_by     TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX boot_nonces_expiry ON boot_nonces(expires_at);
+`
+
+// schemaV4 splits a machine's record by owner: boot_override is the
+// operator's (spec; boot_mode stays the lifecycle's), bound_ramdisk,
+// bound_node and bind_seq are the JoinService's observations, which the
+// lifecycle adopts into ramdisk_node and node (bind_applied: the bind_seq it
+// adopted); a deployment's ramdisk in use and the one it left behind get a
+// column each.
+const schemaV4 = `
+ALTER TABLE machines ADD COLUMN boot_override TEXT NOT NULL DEFAULT '';
+ALTER TABLE machines ADD COLUMN bound_ramdisk TEXT NOT NULL DEFAULT '';
+ALTER TABLE machines ADD COLUMN bound_node TEXT NOT NULL DEFAULT '';
+ALTER TABLE machines ADD COLUMN bind_seq INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE machines ADD COLUMN bind_applied INTEGER NOT NULL DEFAULT 0;
+UPDATE machines SET bound_ramdisk = ramdisk_node, bound_node = node;
+CREATE INDEX machines_bound_node ON machines(bound_node) WHERE bound_node != '';
+CREATE INDEX machines_bound_ramdisk ON machines(bound_ramdisk) WHERE bound_ramdisk != '';
+CREATE INDEX machines_pending_bind ON machines(id) WHERE bind_seq != bind_applied;
+ALTER TABLE deployments ADD COLUMN left_ramdisk TEXT NOT NULL DEFAULT '';
+UPDATE deployments SET left_ramdisk = ramdisk_node, ramdisk_node = '' WHERE step IN ('bootdev', 'power', 'wait-join');
 `
 
 // schemaV3 adds the machine lifecycle: a machine's firmware and current

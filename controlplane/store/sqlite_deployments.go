@@ -9,7 +9,7 @@ import (
 )
 
 const deploymentColumns = `id, machine_id, spec, step, deadline, boot_attempts, deploy_attempts, deploy_failures, bmc_attempts, command_id,
-	ramdisk_node, node_id, token_id, lost_at, node_session, node_boot_id, outcome, version, created_at, updated_at, finished_at`
+	ramdisk_node, node_id, token_id, lost_at, node_session, node_boot_id, outcome, version, created_at, updated_at, finished_at, left_ramdisk`
 
 func scanDeployment(sc interface{ Scan(...any) error }) (Deployment, error) {
 	var d Deployment
@@ -17,7 +17,7 @@ func scanDeployment(sc interface{ Scan(...any) error }) (Deployment, error) {
 	var deadline, lost, created, updated, finished sql.NullInt64
 	if err := sc.Scan(&d.ID, &d.MachineID, &spec, &d.Step, &deadline, &d.BootAttempts, &d.DeployAttempts, &d.DeployFailures, &d.BMCAttempts,
 		&d.CommandID, &d.RamdiskNode, &d.NodeID, &d.TokenID, &lost, &d.NodeSession, &d.NodeBootID, &d.Outcome, &d.Version,
-		&created, &updated, &finished); err != nil {
+		&created, &updated, &finished, &d.LeftRamdisk); err != nil {
 		return Deployment{}, err
 	}
 	if err := json.Unmarshal([]byte(spec), &d.Spec); err != nil {
@@ -53,14 +53,26 @@ func (s *sqliteStore) StartDeployment(ctx context.Context, d Deployment, ch Depl
 			}
 		}
 		if _, err := tx.ExecContext(ctx, `INSERT INTO deployments (`+deploymentColumns+`)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 			d.ID, d.MachineID, string(spec), d.Step, ms(d.Deadline), d.BootAttempts, d.DeployAttempts, d.DeployFailures, d.BMCAttempts, d.CommandID,
 			d.RamdiskNode, d.NodeID, d.TokenID, ms(d.LostAt), d.NodeSession, d.NodeBootID, d.Outcome, d.Version,
-			ms(d.CreatedAt), ms(d.UpdatedAt), ms(d.FinishedAt)); err != nil {
+			ms(d.CreatedAt), ms(d.UpdatedAt), ms(d.FinishedAt), d.LeftRamdisk); err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, `UPDATE machines SET deployment = ?, updated_at = ? WHERE id = ?`, d.ID, ms(ch.At), d.MachineID); err != nil {
+		// The deploy hands the boot mode to the lifecycle: the operator's
+		// override would otherwise win again once the deployment ends.
+		var site, override string
+		if err := tx.QueryRowContext(ctx, `SELECT site, boot_override FROM machines WHERE id = ?`, d.MachineID).Scan(&site, &override); err != nil {
 			return err
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE machines SET deployment = ?, boot_override = '', updated_at = ? WHERE id = ?`,
+			d.ID, ms(ch.At), d.MachineID); err != nil {
+			return err
+		}
+		if override != "" {
+			if err := bumpSpec(ctx, tx, site, ch.At); err != nil {
+				return err
+			}
 		}
 		return applyChange(ctx, tx, d.MachineID, d.ID, ch)
 	})
@@ -101,11 +113,11 @@ func (s *sqliteStore) AdvanceDeployment(ctx context.Context, d Deployment, ch De
 	}
 	err := s.tx(ctx, func(tx *sql.Tx) error {
 		res, err := tx.ExecContext(ctx, `UPDATE deployments SET step = ?, deadline = ?, boot_attempts = ?, deploy_attempts = ?,
-			deploy_failures = ?, bmc_attempts = ?, command_id = ?, ramdisk_node = ?, node_id = ?, token_id = ?, lost_at = ?, node_session = ?,
-			node_boot_id = ?, outcome = ?, finished_at = ?, version = version + 1, updated_at = ?
+			deploy_failures = ?, bmc_attempts = ?, command_id = ?, ramdisk_node = ?, left_ramdisk = ?, node_id = ?, token_id = ?, lost_at = ?,
+			node_session = ?, node_boot_id = ?, outcome = ?, finished_at = ?, version = version + 1, updated_at = ?
 			WHERE id = ? AND version = ?`,
-			d.Step, ms(d.Deadline), d.BootAttempts, d.DeployAttempts, d.DeployFailures, d.BMCAttempts, d.CommandID, d.RamdiskNode, d.NodeID,
-			d.TokenID, ms(d.LostAt), d.NodeSession, d.NodeBootID, d.Outcome, ms(d.FinishedAt), ms(ch.At), d.ID, d.Version)
+			d.Step, ms(d.Deadline), d.BootAttempts, d.DeployAttempts, d.DeployFailures, d.BMCAttempts, d.CommandID, d.RamdiskNode, d.LeftRamdisk,
+			d.NodeID, d.TokenID, ms(d.LostAt), d.NodeSession, d.NodeBootID, d.Outcome, ms(d.FinishedAt), ms(ch.At), d.ID, d.Version)
 		if err != nil {
 			return err
 		}
@@ -135,6 +147,11 @@ func applyChange(ctx context.Context, tx *sql.Tx, machineID, deploymentID string
 	var site, state, mode string
 	if err := tx.QueryRowContext(ctx, `SELECT site, state, boot_mode FROM machines WHERE id = ?`, machineID).Scan(&site, &state, &mode); err != nil {
 		return err
+	}
+	if ch.Adopt != nil {
+		if err := adoptBindings(ctx, tx, machineID, *ch.Adopt); err != nil {
+			return err
+		}
 	}
 	if ch.State != "" {
 		if _, err := tx.ExecContext(ctx, `UPDATE machines SET state = ?, state_reason = ?, state_changed_at = ?, updated_at = ?
@@ -195,9 +212,14 @@ func (s *sqliteStore) FindMachineByNode(ctx context.Context, nodeID string) (Mac
 	if nodeID == "" {
 		return Machine{}, fmt.Errorf("store: machine of node: %w", ErrNotFound)
 	}
-	m, err := scanMachine(s.r.QueryRowContext(ctx, `SELECT `+machineColumns+` FROM machines WHERE node = ? OR ramdisk_node = ?
-		ORDER BY updated_at DESC LIMIT 1`, nodeID, nodeID))
+	m, err := scanMachine(s.r.QueryRowContext(ctx, `SELECT `+machineColumns+` FROM machines
+		WHERE node = ? OR ramdisk_node = ? OR bound_node = ? OR bound_ramdisk = ?
+		ORDER BY updated_at DESC LIMIT 1`, nodeID, nodeID, nodeID, nodeID))
 	return m, wrap("machine of node "+nodeID, err)
+}
+
+func (s *sqliteStore) ListMachinesWithPendingBindings(ctx context.Context) ([]Machine, error) {
+	return s.queryMachines(ctx, "machines with bindings to adopt", `WHERE bind_seq != bind_applied`)
 }
 
 func (s *sqliteStore) ListMachinesInState(ctx context.Context, state string) ([]Machine, error) {

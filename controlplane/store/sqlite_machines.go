@@ -9,11 +9,12 @@ import (
 	"time"
 
 	"github.com/better-compute/bcd/controlplane/token"
+	"github.com/better-compute/bcd/protocol"
 )
 
 const machineColumns = `id, name, site, boot_mode, bmc_address, bmc_port, bmc_username, bmc_password, bmc_cipher_suite,
 	state, state_reason, state_changed_at, ramdisk_node, node, inventory, inventory_at, approved, last_boot_stage,
-	last_boot_at, created_at, updated_at, firmware, deployment,
+	last_boot_at, created_at, updated_at, firmware, deployment, boot_override, bound_ramdisk, bound_node, bind_seq, bind_applied,
 	(SELECT group_concat(mac, ',' ORDER BY rowid) FROM machine_macs WHERE machine_id = machines.id)`
 
 func scanMachine(sc interface{ Scan(...any) error }) (Machine, error) {
@@ -23,7 +24,8 @@ func scanMachine(sc interface{ Scan(...any) error }) (Machine, error) {
 	var stateChanged, inventoryAt, lastBoot, created, updated sql.NullInt64
 	if err := sc.Scan(&m.ID, &name, &m.Site, &m.BootMode, &bmc.Address, &bmc.Port, &bmc.Username, &bmc.Password, &bmc.CipherSuite,
 		&m.State, &m.StateReason, &stateChanged, &m.RamdiskNode, &m.Node, &inventory, &inventoryAt, &m.Approved,
-		&m.LastBootStage, &lastBoot, &created, &updated, &m.Firmware, &m.Deployment, &macs); err != nil {
+		&m.LastBootStage, &lastBoot, &created, &updated, &m.Firmware, &m.Deployment, &m.BootOverride, &m.BoundRamdisk, &m.BoundNode,
+		&m.BindSeq, &m.BindApplied, &macs); err != nil {
 		return Machine{}, err
 	}
 	m.Name = name.String
@@ -67,13 +69,13 @@ func (s *sqliteStore) CreateMachine(ctx context.Context, m Machine) error {
 				return err
 			}
 		}
-		args := append([]any{m.ID, nullString(m.Name), m.Site, m.BootMode}, bmcColumns(m.BMC)...)
+		args := append([]any{m.ID, nullString(m.Name), m.Site, m.BootOverride}, bmcColumns(m.BMC)...)
 		firmware := m.Firmware
 		if firmware == "" {
 			firmware = FirmwareBIOS
 		}
 		args = append(args, m.State, m.StateReason, ms(m.StateChangedAt), m.Approved, ms(m.CreatedAt), ms(m.UpdatedAt), firmware)
-		_, err := tx.ExecContext(ctx, `INSERT INTO machines (id, name, site, boot_mode, bmc_address, bmc_port, bmc_username,
+		_, err := tx.ExecContext(ctx, `INSERT INTO machines (id, name, site, boot_override, bmc_address, bmc_port, bmc_username,
 			bmc_password, bmc_cipher_suite, state, state_reason, state_changed_at, approved, created_at, updated_at, firmware)
 			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, args...)
 		switch {
@@ -103,7 +105,7 @@ func (s *sqliteStore) CreateMachine(ctx context.Context, m Machine) error {
 		if err := bumpSpec(ctx, tx, m.Site, m.CreatedAt); err != nil {
 			return err
 		}
-		return addMachineEvent(ctx, tx, MachineEvent{MachineID: m.ID, Time: m.CreatedAt, Kind: "machine.added",
+		return addMachineEvent(ctx, tx, MachineEvent{MachineID: m.ID, Time: m.CreatedAt, Kind: protocol.MachineEventAdded,
 			Message: "added to site " + m.Site + " with " + strings.Join(m.MACs, ", ")})
 	}))
 }
@@ -154,9 +156,14 @@ func (s *sqliteStore) UpdateMachine(ctx context.Context, id string, u MachineUpd
 		if m, err = scanMachine(tx.QueryRowContext(ctx, `SELECT `+machineColumns+` FROM machines WHERE id = ?`, id)); err != nil {
 			return err
 		}
+		if u.IfIdle {
+			if err := checkIdle(ctx, tx, m); err != nil {
+				return err
+			}
+		}
 		spec := false
-		if u.BootMode != nil && *u.BootMode != m.BootMode {
-			if _, err := tx.ExecContext(ctx, `UPDATE machines SET boot_mode = ? WHERE id = ?`, *u.BootMode, id); err != nil {
+		if u.BootOverride != nil && *u.BootOverride != m.BootOverride {
+			if _, err := tx.ExecContext(ctx, `UPDATE machines SET boot_override = ? WHERE id = ?`, *u.BootOverride, id); err != nil {
 				return err
 			}
 			spec = true
@@ -203,12 +210,37 @@ func (s *sqliteStore) UpdateMachine(ctx context.Context, id string, u MachineUpd
 	return m, wrap("update machine "+id, err)
 }
 
-func (s *sqliteStore) DeleteMachine(ctx context.Context, id string) error {
+// checkIdle refuses (*BusyError) when m's deployment has not finished,
+// within tx.
+func checkIdle(ctx context.Context, tx *sql.Tx, m Machine) error {
+	if m.Deployment == "" {
+		return nil
+	}
+	var finished sql.NullInt64
+	err := tx.QueryRowContext(ctx, `SELECT finished_at FROM deployments WHERE id = ?`, m.Deployment).Scan(&finished)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return nil
+	case err != nil:
+		return err
+	case !finished.Valid:
+		return &BusyError{Machine: m.ID, State: m.State, Deployment: m.Deployment}
+	}
+	return nil
+}
+
+func (s *sqliteStore) DeleteMachine(ctx context.Context, id string, ifIdle bool) error {
 	return wrap("delete machine "+id, s.tx(ctx, func(tx *sql.Tx) error {
-		var site string
-		if err := tx.QueryRowContext(ctx, `SELECT site FROM machines WHERE id = ?`, id).Scan(&site); err != nil {
+		m, err := scanMachine(tx.QueryRowContext(ctx, `SELECT `+machineColumns+` FROM machines WHERE id = ?`, id))
+		if err != nil {
 			return err
 		}
+		if ifIdle {
+			if err := checkIdle(ctx, tx, m); err != nil {
+				return err
+			}
+		}
+		site := m.Site
 		// A deployment's unused token goes with it: nobody may join as the
 		// node of a machine that is gone.
 		if _, err := tx.ExecContext(ctx, `UPDATE join_tokens SET revoked_at = ? WHERE machine_id = ? AND used_at IS NULL
@@ -227,6 +259,38 @@ func (s *sqliteStore) DeleteMachine(ctx context.Context, id string) error {
 		}
 		return bumpSpec(ctx, tx, site, time.Now())
 	}))
+}
+
+func (s *sqliteStore) AdoptBindings(ctx context.Context, id string, ch StatusChange) (Machine, error) {
+	var m Machine
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		if err := adoptBindings(ctx, tx, id, ch); err != nil {
+			return err
+		}
+		var err error
+		m, err = scanMachine(tx.QueryRowContext(ctx, `SELECT `+machineColumns+` FROM machines WHERE id = ?`, id))
+		return err
+	})
+	return m, wrap("adopt bindings of machine "+id, err)
+}
+
+// adoptBindings writes the lifecycle's adoption of the bindings up to
+// ch.BindSeq into the machine's status, within tx: ErrConflict when another
+// binding came meanwhile.
+func adoptBindings(ctx context.Context, tx *sql.Tx, id string, ch StatusChange) error {
+	res, err := tx.ExecContext(ctx, `UPDATE machines SET ramdisk_node = ?, node = ?, bind_applied = ?, updated_at = ?
+		WHERE id = ? AND bind_seq = ?`, ch.RamdiskNode, ch.Node, ch.BindSeq, ms(ch.At), id, ch.BindSeq)
+	if err != nil {
+		return err
+	}
+	if n, err := rowsAffected(res); err != nil || n == 1 {
+		return err
+	}
+	var one int
+	if err := tx.QueryRowContext(ctx, `SELECT 1 FROM machines WHERE id = ?`, id).Scan(&one); err != nil {
+		return err
+	}
+	return ErrConflict
 }
 
 func (s *sqliteStore) RecordBoot(ctx context.Context, site, mac, stage string, ev MachineEvent) (string, error) {
@@ -369,15 +433,17 @@ func consumeNonce(ctx context.Context, tx *sql.Tx, h token.Hash, nodeID string, 
 	return ErrNonceUsed
 }
 
-// bindMachine binds a joined node to its machine, within tx. A ramdisk
-// node becomes the machine's ramdisk (its claims the inventory); a machine
+// bindMachine records a joined node's binding to its machine, within tx: an
+// observation (bound_ramdisk, bound_node, bind_seq) the lifecycle adopts
+// into the machine's status, never the status itself. A ramdisk node
+// becomes the machine's bound ramdisk (its claims the inventory); a machine
 // that is gone refuses it (ErrNoMachine). An installed OS's node becomes
-// the machine's node and retires the ramdisk that installed it; a machine
-// deleted meanwhile does not stop that join.
+// the machine's bound node and retires the ramdisk that installed it; a
+// machine deleted meanwhile does not stop that join.
 func bindMachine(ctx context.Context, tx *sql.Tx, a Admission) error {
 	n := a.Node
 	var ramdisk, installed string
-	err := tx.QueryRowContext(ctx, `SELECT ramdisk_node, node FROM machines WHERE id = ?`, a.Machine).Scan(&ramdisk, &installed)
+	err := tx.QueryRowContext(ctx, `SELECT bound_ramdisk, bound_node FROM machines WHERE id = ?`, a.Machine).Scan(&ramdisk, &installed)
 	switch {
 	case errors.Is(err, sql.ErrNoRows) && n.Role == "ramdisk":
 		return fmt.Errorf("machine %s: %w", a.Machine, ErrNoMachine)
@@ -388,7 +454,7 @@ func bindMachine(ctx context.Context, tx *sql.Tx, a Admission) error {
 	}
 	what := "ramdisk"
 	if n.Role == "ramdisk" {
-		set, args := `ramdisk_node = ?`, []any{n.ID}
+		set, args := `bound_ramdisk = ?, bind_seq = bind_seq + 1`, []any{n.ID}
 		if len(a.Inventory) > 0 {
 			set += `, inventory = ?, inventory_at = ?`
 			args = append(args, string(a.Inventory), ms(a.Now))
@@ -398,7 +464,8 @@ func bindMachine(ctx context.Context, tx *sql.Tx, a Admission) error {
 		}
 	} else {
 		what = "installed OS"
-		if _, err := tx.ExecContext(ctx, `UPDATE machines SET node = ?, ramdisk_node = '', updated_at = ? WHERE id = ?`,
+		if _, err := tx.ExecContext(ctx, `UPDATE machines SET bound_node = ?, bound_ramdisk = '', bind_seq = bind_seq + 1,
+			updated_at = ? WHERE id = ?`,
 			n.ID, ms(a.Now), a.Machine); err != nil {
 			return err
 		}

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"github.com/better-compute/bcd/protocol"
 	"time"
 )
 
@@ -144,9 +145,9 @@ func deleteNode(ctx context.Context, tx *sql.Tx, id string, at time.Time, why st
 	if err := updateLiveNode(ctx, tx, id, `deleted_at = ?, updated_at = ?`, ms(at), ms(at)); err != nil {
 		return err
 	}
-	_, err := tx.ExecContext(ctx, `UPDATE commands SET state = 'FAILED', reason = 'NodeDeleted',
+	_, err := tx.ExecContext(ctx, `UPDATE commands SET state = 'FAILED', reason = ?,
 		message = ?, updated_at = ?
-		WHERE node_id = ? AND state NOT IN ('SUCCEEDED', 'FAILED', 'UNSUPPORTED')`, why, ms(at), id)
+		WHERE node_id = ? AND state NOT IN ('SUCCEEDED', 'FAILED', 'UNSUPPORTED')`, protocol.ReasonNodeDeleted, why, ms(at), id)
 	return err
 }
 
