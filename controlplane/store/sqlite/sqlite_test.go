@@ -1,4 +1,4 @@
-package store
+package sqlite
 
 import (
 	"context"
@@ -11,12 +11,13 @@ import (
 	"time"
 
 	"github.com/better-compute/bcd/controlplane/ids"
+	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/controlplane/token"
 )
 
-func openTest(t *testing.T) Store {
+func openTest(t *testing.T) store.Store {
 	t.Helper()
-	s, err := OpenSQLite(filepath.Join(t.TempDir(), "data"))
+	s, err := Open(filepath.Join(t.TempDir(), "data"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -28,7 +29,7 @@ var ctx = context.Background()
 
 func TestOpenCreatesPrivateFiles(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "data")
-	s, err := OpenSQLite(dir)
+	s, err := Open(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,18 +44,18 @@ func TestOpenCreatesPrivateFiles(t *testing.T) {
 		}
 	}
 	// Reopening an up-to-date database migrates nothing and works.
-	s, err = OpenSQLite(dir)
+	s, err = Open(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	s.Close()
 }
 
-func newToken(t *testing.T, s Store, mut func(*Token)) (Token, string) {
+func newToken(t *testing.T, s store.Store, mut func(*store.Token)) (store.Token, string) {
 	t.Helper()
 	now := time.Now()
 	j := token.NewJoin(now)
-	tok := Token{ID: j.ID, Hash: j.Hash, Pool: "pool_a", Site: "fsn1", Role: "node", CreatedAt: now, ExpiresAt: now.Add(time.Hour)}
+	tok := store.Token{ID: j.ID, Hash: j.Hash, Pool: "pool_a", Site: "fsn1", Role: "node", CreatedAt: now, ExpiresAt: now.Add(time.Hour)}
 	if mut != nil {
 		mut(&tok)
 	}
@@ -64,28 +65,28 @@ func newToken(t *testing.T, s Store, mut func(*Token)) (Token, string) {
 	return tok, j.Token
 }
 
-func newNode(id string) Node {
-	return Node{ID: id, Role: "node", Site: "fsn1", Pool: "pool_a", SPIFFEID: "spiffe://x/node/" + id,
+func newNode(id string) store.Node {
+	return store.Node{ID: id, Role: "node", Site: "fsn1", Pool: "pool_a", SPIFFEID: "spiffe://x/node/" + id,
 		Claims: []byte(`{"system_uuid":"u1"}`), SystemUUID: "u1", CertSerial: "1", CertNotAfter: time.Now().Add(time.Hour), State: "adopting"}
 }
 
 func TestSitesAndTokens(t *testing.T) {
 	s := openTest(t)
-	if _, err := s.GetSite(ctx, "fsn1"); !errors.Is(err, ErrNotFound) {
+	if _, err := s.GetSite(ctx, "fsn1"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("GetSite of a missing site: %v", err)
 	}
 	j := token.NewJoin(time.Now())
-	err := s.CreateToken(ctx, Token{ID: j.ID, Hash: j.Hash, Site: "fsn1", Role: "node", CreatedAt: time.Now(), ExpiresAt: time.Now()})
-	if !errors.Is(err, ErrNotFound) {
+	err := s.CreateToken(ctx, store.Token{ID: j.ID, Hash: j.Hash, Site: "fsn1", Role: "node", CreatedAt: time.Now(), ExpiresAt: time.Now()})
+	if !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("token for a missing site: %v, want ErrNotFound", err)
 	}
-	if err := s.CreateSite(ctx, Site{Name: "fsn1", CreatedAt: time.Now()}); err != nil {
+	if err := s.CreateSite(ctx, store.Site{Name: "fsn1", CreatedAt: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.CreateSite(ctx, Site{Name: "fsn1", CreatedAt: time.Now()}); !errors.Is(err, ErrExists) {
+	if err := s.CreateSite(ctx, store.Site{Name: "fsn1", CreatedAt: time.Now()}); !errors.Is(err, store.ErrExists) {
 		t.Fatalf("second site fsn1: %v, want ErrExists", err)
 	}
-	tok, _ := newToken(t, s, func(t *Token) { t.AllowReclaim = true; t.NodeID = "n_1" })
+	tok, _ := newToken(t, s, func(t *store.Token) { t.AllowReclaim = true; t.NodeID = "n_1" })
 	got, err := s.GetToken(ctx, tok.ID)
 	if err != nil {
 		t.Fatal(err)
@@ -99,7 +100,7 @@ func TestSitesAndTokens(t *testing.T) {
 	if err := s.RevokeToken(ctx, tok.ID, time.Now()); err != nil {
 		t.Fatalf("revoking twice: %v", err)
 	}
-	if err := s.RevokeToken(ctx, "jt_missing", time.Now()); !errors.Is(err, ErrNotFound) {
+	if err := s.RevokeToken(ctx, "jt_missing", time.Now()); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("revoking a missing token: %v", err)
 	}
 	list, err := s.ListTokens(ctx)
@@ -110,7 +111,7 @@ func TestSitesAndTokens(t *testing.T) {
 
 func TestAdmitConsumesTokenOnce(t *testing.T) {
 	s := openTest(t)
-	s.CreateSite(ctx, Site{Name: "fsn1", CreatedAt: time.Now()})
+	s.CreateSite(ctx, store.Site{Name: "fsn1", CreatedAt: time.Now()})
 	tok, _ := newToken(t, s, nil)
 	const n = 32
 	var ok, used atomic.Int32
@@ -119,11 +120,11 @@ func TestAdmitConsumesTokenOnce(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := s.Admit(ctx, Admission{TokenID: tok.ID, Node: newNode(ids.New(ids.PrefixNode, time.Now())), Now: time.Now()})
+			err := s.Admit(ctx, store.Admission{TokenID: tok.ID, Node: newNode(ids.New(ids.PrefixNode, time.Now())), Now: time.Now()})
 			switch {
 			case err == nil:
 				ok.Add(1)
-			case errors.Is(err, ErrTokenUsed):
+			case errors.Is(err, store.ErrTokenUsed):
 				used.Add(1)
 			default:
 				t.Errorf("Admit: %v", err)
@@ -146,26 +147,26 @@ func TestAdmitConsumesTokenOnce(t *testing.T) {
 
 func TestAdmitRefusals(t *testing.T) {
 	s := openTest(t)
-	s.CreateSite(ctx, Site{Name: "fsn1", CreatedAt: time.Now()})
-	expired, _ := newToken(t, s, func(t *Token) { t.ExpiresAt = time.Now().Add(-time.Second) })
+	s.CreateSite(ctx, store.Site{Name: "fsn1", CreatedAt: time.Now()})
+	expired, _ := newToken(t, s, func(t *store.Token) { t.ExpiresAt = time.Now().Add(-time.Second) })
 	revoked, _ := newToken(t, s, nil)
 	s.RevokeToken(ctx, revoked.ID, time.Now())
 	for _, tc := range []struct {
 		id   string
 		want error
-	}{{expired.ID, ErrTokenExpired}, {revoked.ID, ErrTokenRevoked}, {"jt_nope", ErrNotFound}} {
-		err := s.Admit(ctx, Admission{TokenID: tc.id, Node: newNode("n_x"), Now: time.Now()})
+	}{{expired.ID, store.ErrTokenExpired}, {revoked.ID, store.ErrTokenRevoked}, {"jt_nope", store.ErrNotFound}} {
+		err := s.Admit(ctx, store.Admission{TokenID: tc.id, Node: newNode("n_x"), Now: time.Now()})
 		if !errors.Is(err, tc.want) {
 			t.Errorf("Admit with token %s: %v, want %v", tc.id, err, tc.want)
 		}
 	}
-	if _, err := s.GetNode(ctx, "n_x"); !errors.Is(err, ErrNotFound) {
+	if _, err := s.GetNode(ctx, "n_x"); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("a refused admission wrote the node: %v", err)
 	}
 	// Reclaiming a node that does not exist (or was deleted) is refused and
 	// leaves the token unused.
 	tok, _ := newToken(t, s, nil)
-	if err := s.Admit(ctx, Admission{TokenID: tok.ID, Node: newNode("n_gone"), Reclaim: true, Now: time.Now()}); !errors.Is(err, ErrNotFound) {
+	if err := s.Admit(ctx, store.Admission{TokenID: tok.ID, Node: newNode("n_gone"), Reclaim: true, Now: time.Now()}); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("reclaim of a missing node: %v", err)
 	}
 	if got, _ := s.GetToken(ctx, tok.ID); !got.UsedAt.IsZero() {
@@ -177,10 +178,10 @@ func TestReclaimAndFind(t *testing.T) {
 	s := openTest(t)
 	n := newNode("n_a")
 	n.TPMEKSHA256 = "ek1"
-	if err := s.Admit(ctx, Admission{Node: n, Now: time.Now()}); err != nil {
+	if err := s.Admit(ctx, store.Admission{Node: n, Now: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Admit(ctx, Admission{Node: n, Now: time.Now()}); !errors.Is(err, ErrExists) {
+	if err := s.Admit(ctx, store.Admission{Node: n, Now: time.Now()}); !errors.Is(err, store.ErrExists) {
 		t.Fatalf("inserting n_a twice: %v", err)
 	}
 	s.SetNodeState(ctx, "n_a", "adopting", "ready", time.Now())
@@ -190,12 +191,12 @@ func TestReclaimAndFind(t *testing.T) {
 			t.Errorf("FindNodeByClaims(%q, %q) = %q, %v", q[0], q[1], got.ID, err)
 		}
 	}
-	if _, err := s.FindNodeByClaims(ctx, "", ""); !errors.Is(err, ErrNotFound) {
+	if _, err := s.FindNodeByClaims(ctx, "", ""); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("empty claims matched: %v", err)
 	}
 	n.CertSerial = "2"
 	n.State = "adopting"
-	if err := s.Admit(ctx, Admission{Node: n, Reclaim: true, Now: time.Now()}); err != nil {
+	if err := s.Admit(ctx, store.Admission{Node: n, Reclaim: true, Now: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
 	got, _ := s.GetNode(ctx, "n_a")
@@ -205,31 +206,31 @@ func TestReclaimAndFind(t *testing.T) {
 	if err := s.DeleteNode(ctx, "n_a", time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.DeleteNode(ctx, "n_a", time.Now()); !errors.Is(err, ErrNodeDeleted) {
+	if err := s.DeleteNode(ctx, "n_a", time.Now()); !errors.Is(err, store.ErrNodeDeleted) {
 		t.Errorf("deleting twice: %v", err)
 	}
-	if _, err := s.FindNodeByClaims(ctx, "u1", "ek1"); !errors.Is(err, ErrNotFound) {
+	if _, err := s.FindNodeByClaims(ctx, "u1", "ek1"); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("a deleted node matched claims: %v", err)
 	}
-	if err := s.Admit(ctx, Admission{Node: n, Reclaim: true, Now: time.Now()}); !errors.Is(err, ErrNodeDeleted) {
+	if err := s.Admit(ctx, store.Admission{Node: n, Reclaim: true, Now: time.Now()}); !errors.Is(err, store.ErrNodeDeleted) {
 		t.Errorf("reclaiming a deleted node: %v", err)
 	}
 	if list, _ := s.ListNodes(ctx); len(list) != 0 {
 		t.Errorf("ListNodes lists a deleted node: %+v", list)
 	}
-	if err := s.SetCordoned(ctx, "n_missing", true, time.Now()); !errors.Is(err, ErrNotFound) {
+	if err := s.SetCordoned(ctx, "n_missing", true, time.Now()); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("cordoning a missing node: %v", err)
 	}
 }
 
 func TestSessionsAndCommands(t *testing.T) {
 	s := openTest(t)
-	s.Admit(ctx, Admission{Node: newNode("n_a"), Now: time.Now()})
-	id1, err := s.OpenSession(ctx, Session{NodeID: "n_a", Role: "node", DaemonVersion: "1.0", BootID: "b", ProtocolVersion: 1, ConnectedAt: time.Now()})
+	s.Admit(ctx, store.Admission{Node: newNode("n_a"), Now: time.Now()})
+	id1, err := s.OpenSession(ctx, store.Session{NodeID: "n_a", Role: "node", DaemonVersion: "1.0", BootID: "b", ProtocolVersion: 1, ConnectedAt: time.Now()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	id2, err := s.OpenSession(ctx, Session{NodeID: "n_a", Role: "node", DaemonVersion: "1.1", BootID: "b", ProtocolVersion: 1, ConnectedAt: time.Now()})
+	id2, err := s.OpenSession(ctx, store.Session{NodeID: "n_a", Role: "node", DaemonVersion: "1.1", BootID: "b", ProtocolVersion: 1, ConnectedAt: time.Now()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,12 +244,12 @@ func TestSessionsAndCommands(t *testing.T) {
 	if n, _ := s.GetNode(ctx, "n_a"); n.SessionID != 0 || n.LastSeenAt.IsZero() {
 		t.Fatalf("after close: session %d, last seen %v", n.SessionID, n.LastSeenAt)
 	}
-	if _, err := s.OpenSession(ctx, Session{NodeID: "n_missing", ConnectedAt: time.Now()}); !errors.Is(err, ErrNotFound) {
+	if _, err := s.OpenSession(ctx, store.Session{NodeID: "n_missing", ConnectedAt: time.Now()}); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("session of a missing node: %v", err)
 	}
 
 	now := time.Now()
-	c := Command{ID: ids.New(ids.PrefixCommand, now), NodeID: "n_a", Kind: "node.reboot", State: CommandPending, CreatedAt: now, UpdatedAt: now}
+	c := store.Command{ID: ids.New(ids.PrefixCommand, now), NodeID: "n_a", Kind: "node.reboot", State: store.CommandPending, CreatedAt: now, UpdatedAt: now}
 	if err := s.CreateCommand(ctx, c); err != nil {
 		t.Fatal(err)
 	}
@@ -257,18 +258,18 @@ func TestSessionsAndCommands(t *testing.T) {
 		t.Fatalf("OpenCommands = %+v", open)
 	}
 	s.MarkSent(ctx, c.ID, now)
-	if got, _ := s.GetCommand(ctx, c.ID); got.State != CommandSent || got.SentAt.IsZero() {
+	if got, _ := s.GetCommand(ctx, c.ID); got.State != store.CommandSent || got.SentAt.IsZero() {
 		t.Errorf("after MarkSent: %+v", got)
 	}
-	if ok, _ := s.ApplyStatus(ctx, StatusUpdate{CommandID: c.ID, NodeID: "n_other", State: "RUNNING", At: now}); ok {
+	if ok, _ := s.ApplyStatus(ctx, store.StatusUpdate{CommandID: c.ID, NodeID: "n_other", State: "RUNNING", At: now}); ok {
 		t.Error("another node's status was applied")
 	}
 	for _, st := range []string{"RUNNING", "SUCCEEDED"} {
-		if ok, err := s.ApplyStatus(ctx, StatusUpdate{CommandID: c.ID, NodeID: "n_a", State: st, Result: []byte(`{"x":1}`), At: now}); !ok || err != nil {
+		if ok, err := s.ApplyStatus(ctx, store.StatusUpdate{CommandID: c.ID, NodeID: "n_a", State: st, Result: []byte(`{"x":1}`), At: now}); !ok || err != nil {
 			t.Fatalf("ApplyStatus %s: %v %v", st, ok, err)
 		}
 	}
-	if ok, _ := s.ApplyStatus(ctx, StatusUpdate{CommandID: c.ID, NodeID: "n_a", State: "RUNNING", At: now}); ok {
+	if ok, _ := s.ApplyStatus(ctx, store.StatusUpdate{CommandID: c.ID, NodeID: "n_a", State: "RUNNING", At: now}); ok {
 		t.Error("a terminal command went back to RUNNING")
 	}
 	got, _ := s.GetCommand(ctx, c.ID)
@@ -278,7 +279,7 @@ func TestSessionsAndCommands(t *testing.T) {
 	if open, _ := s.OpenCommands(ctx, "n_a"); len(open) != 0 {
 		t.Errorf("a finished command is still open: %+v", open)
 	}
-	if err := s.AddEvent(ctx, Event{NodeID: "n_a", Seq: 3, Kind: "log", Time: now, Message: "hi", ReceivedAt: now}); err != nil {
+	if err := s.AddEvent(ctx, store.Event{NodeID: "n_a", Seq: 3, Kind: "log", Time: now, Message: "hi", ReceivedAt: now}); err != nil {
 		t.Fatal(err)
 	}
 }
