@@ -1,9 +1,7 @@
-package sqlite
+package storetest
 
 import (
-	"database/sql"
 	"errors"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -14,42 +12,12 @@ import (
 	"github.com/better-compute/bcd/protocol"
 )
 
-func TestMigrateFromVersion2(t *testing.T) {
-	path := filepath.Join(t.TempDir(), DBFile)
-	db, err := sql.Open("sqlite", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, q := range []string{schemaV1, schemaV2, "PRAGMA user_version = 2",
-		`INSERT INTO sites (name, created_at) VALUES ('fsn1', 1)`,
-		`INSERT INTO machines (id, site, state, state_changed_at, created_at, updated_at) VALUES ('m_1', 'fsn1', 'registered', 1, 1, 1)`,
-	} {
-		if _, err := db.Exec(q); err != nil {
-			t.Fatal(err)
-		}
-	}
-	db.Close()
-	s, err := OpenFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	m, err := s.GetMachine(ctx, "m_1")
-	if err != nil || m.Firmware != store.FirmwareBIOS || m.Deployment != "" {
-		t.Errorf("migrated machine %+v %v", m, err)
-	}
-	if ds, err := s.OpenDeployments(ctx); err != nil || len(ds) != 0 {
-		t.Errorf("deployments %v %v", ds, err)
-	}
-}
-
 func newDeployment(machine string, now time.Time) store.Deployment {
 	return store.Deployment{ID: ids.New(ids.PrefixDeployment, now), MachineID: machine, Step: "bootdev",
 		Spec: store.DeploySpec{Image: protocol.DeployImage{URL: "https://x.test/os.raw", SHA256: strings.Repeat("a", 64), Size: 1}, After: "kexec", Pool: "default"}}
 }
 
-func TestDeployments(t *testing.T) {
-	s := openTest(t)
+func testDeployments(t *testing.T, s store.Store) {
 	s.CreateSite(ctx, store.Site{Name: "fsn1", CreatedAt: time.Now()})
 	m := newMachine("m_1", "fsn1", "52:54:00:00:00:01")
 	m.Firmware = store.FirmwareUEFI
@@ -149,8 +117,7 @@ func TestDeployments(t *testing.T) {
 	}
 }
 
-func TestFindMachineByNodeAndRetire(t *testing.T) {
-	s := openTest(t)
+func testFindMachineByNodeAndRetire(t *testing.T, s store.Store) {
 	s.CreateSite(ctx, store.Site{Name: "fsn1", CreatedAt: time.Now()})
 	s.CreateMachine(ctx, newMachine("m_1", "fsn1", "52:54:00:00:00:01"))
 	admit := func(id, role string) {

@@ -1,11 +1,9 @@
-package sqlite
+package storetest
 
 import (
 	"crypto/sha256"
-	"database/sql"
 	"encoding/json"
 	"errors"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -15,47 +13,12 @@ import (
 	"github.com/better-compute/bcd/protocol"
 )
 
-func TestMigrateFromVersion1(t *testing.T) {
-	path := filepath.Join(t.TempDir(), DBFile)
-	db, err := sql.Open("sqlite", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, q := range []string{schemaV1, "PRAGMA user_version = 1",
-		`INSERT INTO sites (name, created_at) VALUES ('fsn1', 1)`,
-		`INSERT INTO commands (id, node_id, kind, state, created_at, updated_at) VALUES ('cmd_1', 'n_a', 'node.reboot', 'PENDING', 1, 1)`,
-	} {
-		if _, err := db.Exec(q); err != nil {
-			t.Fatal(err)
-		}
-	}
-	db.Close()
-	s, err := OpenFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	site, err := s.GetSite(ctx, "fsn1")
-	if err != nil || site.Approval != store.ApprovalAuto || site.SpecRevision != 1 || site.HTTPProxy != nil {
-		t.Errorf("migrated site %+v %v", site, err)
-	}
-	if c, err := s.GetCommand(ctx, "cmd_1"); err != nil || c.MachineID != "" {
-		t.Errorf("migrated command %+v %v", c, err)
-	}
-	var v int
-	s.(*sqliteStore).r.QueryRow("PRAGMA user_version").Scan(&v)
-	if v != schemaVersion {
-		t.Errorf("user_version %d, want %d", v, schemaVersion)
-	}
-}
-
 func newMachine(id, site string, macs ...string) store.Machine {
 	now := time.Now()
 	return store.Machine{ID: id, Site: site, MACs: macs, State: store.MachineRegistered, StateChangedAt: now, CreatedAt: now, UpdatedAt: now}
 }
 
-func TestMachines(t *testing.T) {
-	s := openTest(t)
+func testMachines(t *testing.T, s store.Store) {
 	for _, name := range []string{"fsn1", "ams1"} {
 		if err := s.CreateSite(ctx, store.Site{Name: name, CreatedAt: time.Now()}); err != nil {
 			t.Fatal(err)
@@ -180,8 +143,7 @@ func TestMachines(t *testing.T) {
 	}
 }
 
-func TestSiteProxy(t *testing.T) {
-	s := openTest(t)
+func testSiteProxy(t *testing.T, s store.Store) {
 	s.CreateSite(ctx, store.Site{Name: "fsn1", Approval: store.ApprovalManual, CreatedAt: time.Now()})
 	site, err := s.SetSiteHTTPProxy(ctx, "fsn1", &protocol.HTTPProxySection{Listen: "10.20.0.2:3128", Allow: []string{"img:443"}}, time.Now())
 	if err != nil || site.HTTPProxy == nil || site.HTTPProxy.Listen != "10.20.0.2:3128" || site.SpecRevision != 2 || !site.ManualApproval() {
@@ -195,8 +157,7 @@ func TestSiteProxy(t *testing.T) {
 	}
 }
 
-func TestBootNonces(t *testing.T) {
-	s := openTest(t)
+func testBootNonces(t *testing.T, s store.Store) {
 	now := time.Now()
 	n := store.BootNonce{Hash: sha256.Sum256([]byte("nonce-1")), MAC: "52:54:00:00:00:01", Site: "fsn1", SiteNode: "n_s",
 		CreatedAt: now, ExpiresAt: now.Add(time.Minute)}
@@ -247,8 +208,7 @@ func TestBootNonces(t *testing.T) {
 	}
 }
 
-func TestCommandsOnTheMachineTimeline(t *testing.T) {
-	s := openTest(t)
+func testCommandsOnTheMachineTimeline(t *testing.T, s store.Store) {
 	s.CreateSite(ctx, store.Site{Name: "fsn1", CreatedAt: time.Now()})
 	m := newMachine("m_1", "fsn1", "52:54:00:00:00:01")
 	if err := s.CreateMachine(ctx, m); err != nil {
