@@ -24,6 +24,7 @@ import (
 	"github.com/better-compute/bcd/controlplane/lifecycle"
 	"github.com/better-compute/bcd/controlplane/machines"
 	"github.com/better-compute/bcd/controlplane/store"
+	"github.com/better-compute/bcd/controlplane/store/sqlite"
 	"github.com/better-compute/bcd/controlplane/token"
 	"github.com/better-compute/bcd/pki"
 	"github.com/better-compute/bcd/protocol"
@@ -179,7 +180,7 @@ func (s *Server) Start() (err error) {
 	if s.bundle, err = pki.LoadBundle(s.PKIDir); err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
-	if s.store, err = store.OpenSQLite(s.DataDir); err != nil {
+	if s.store, err = sqlite.Open(s.DataDir); err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
 	cleanup = append(cleanup, func() { s.store.Close() })

@@ -16,6 +16,7 @@ import (
 
 	"github.com/better-compute/bcd/controlplane/ids"
 	"github.com/better-compute/bcd/controlplane/store"
+	"github.com/better-compute/bcd/controlplane/store/sqlite"
 	"github.com/better-compute/bcd/controlplane/token"
 	"github.com/better-compute/bcd/pki"
 	"github.com/better-compute/bcd/protocol"
@@ -44,7 +45,7 @@ func NewBundle(t testing.TB) *pki.Bundle {
 // NewStore opens a SQLite store in a temporary directory with site Site.
 func NewStore(t testing.TB) store.Store {
 	t.Helper()
-	s, err := store.OpenSQLite(filepath.Join(t.TempDir(), "data"))
+	s, err := sqlite.Open(filepath.Join(t.TempDir(), "data"))
 	if err != nil {
 		t.Fatal(err)
 	}

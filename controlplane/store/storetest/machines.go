@@ -1,63 +1,27 @@
-package store
+package storetest
 
 import (
 	"crypto/sha256"
-	"database/sql"
 	"encoding/json"
 	"errors"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/better-compute/bcd/controlplane/ids"
+	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/protocol"
 )
 
-func TestMigrateFromVersion1(t *testing.T) {
-	path := filepath.Join(t.TempDir(), DBFile)
-	db, err := sql.Open("sqlite", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, q := range []string{schemaV1, "PRAGMA user_version = 1",
-		`INSERT INTO sites (name, created_at) VALUES ('fsn1', 1)`,
-		`INSERT INTO commands (id, node_id, kind, state, created_at, updated_at) VALUES ('cmd_1', 'n_a', 'node.reboot', 'PENDING', 1, 1)`,
-	} {
-		if _, err := db.Exec(q); err != nil {
-			t.Fatal(err)
-		}
-	}
-	db.Close()
-	s, err := OpenSQLiteFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	site, err := s.GetSite(ctx, "fsn1")
-	if err != nil || site.Approval != ApprovalAuto || site.SpecRevision != 1 || site.HTTPProxy != nil {
-		t.Errorf("migrated site %+v %v", site, err)
-	}
-	if c, err := s.GetCommand(ctx, "cmd_1"); err != nil || c.MachineID != "" {
-		t.Errorf("migrated command %+v %v", c, err)
-	}
-	var v int
-	s.(*sqliteStore).r.QueryRow("PRAGMA user_version").Scan(&v)
-	if v != schemaVersion {
-		t.Errorf("user_version %d, want %d", v, schemaVersion)
-	}
-}
-
-func newMachine(id, site string, macs ...string) Machine {
+func newMachine(id, site string, macs ...string) store.Machine {
 	now := time.Now()
-	return Machine{ID: id, Site: site, MachineSpec: MachineSpec{MACs: macs}, MachineStatus: MachineStatus{State: MachineRegistered, StateChangedAt: now},
+	return store.Machine{ID: id, Site: site, MachineSpec: store.MachineSpec{MACs: macs}, MachineStatus: store.MachineStatus{State: store.MachineRegistered, StateChangedAt: now},
 		CreatedAt: now, UpdatedAt: now}
 }
 
-func TestMachines(t *testing.T) {
-	s := openTest(t)
+func testMachines(t *testing.T, s store.Store) {
 	for _, name := range []string{"fsn1", "ams1"} {
-		if err := s.CreateSite(ctx, Site{Name: name, CreatedAt: time.Now()}); err != nil {
+		if err := s.CreateSite(ctx, store.Site{Name: name, CreatedAt: time.Now()}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -68,7 +32,7 @@ func TestMachines(t *testing.T) {
 	m := newMachine(ids.New(ids.PrefixMachine, time.Now()), "fsn1", "52:54:00:00:00:01", "52:54:00:00:00:02")
 	m.Name = "rack1-u1"
 	m.BootOverride = protocol.BootRamdisk
-	m.BMC = &MachineBMC{Address: "10.0.0.1", Username: "admin", Password: "s3cret", CipherSuite: 3}
+	m.BMC = &store.MachineBMC{Address: "10.0.0.1", Username: "admin", Password: "s3cret", CipherSuite: 3}
 	if err := s.CreateMachine(ctx, m); err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +44,7 @@ func TestMachines(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got.Name != m.Name || strings.Join(got.MACs, ",") != "52:54:00:00:00:01,52:54:00:00:00:02" || got.BMC == nil ||
-		got.BMC.Password != "s3cret" || got.BootOverride != protocol.BootRamdisk || got.State != MachineRegistered {
+		got.BMC.Password != "s3cret" || got.BootOverride != protocol.BootRamdisk || got.State != store.MachineRegistered {
 		t.Errorf("machine %+v", got)
 	}
 	// The password never leaves as JSON.
@@ -90,28 +54,28 @@ func TestMachines(t *testing.T) {
 	if by, err := s.FindMachineByMAC(ctx, "52:54:00:00:00:02"); err != nil || by.ID != m.ID {
 		t.Errorf("by MAC: %+v %v", by, err)
 	}
-	if _, err := s.FindMachineByMAC(ctx, "52:54:00:00:00:09"); !errors.Is(err, ErrNotFound) {
+	if _, err := s.FindMachineByMAC(ctx, "52:54:00:00:00:09"); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("unknown MAC: %v", err)
 	}
 
-	var c *ConflictError
+	var c *store.ConflictError
 	err = s.CreateMachine(ctx, newMachine("m_2", "ams1", "52:54:00:00:00:03", "52:54:00:00:00:02"))
-	if !errors.Is(err, ErrMACTaken) || !errors.As(err, &c) || c.Value != "52:54:00:00:00:02" || c.Machine != m.ID {
+	if !errors.Is(err, store.ErrMACTaken) || !errors.As(err, &c) || c.Value != "52:54:00:00:00:02" || c.Machine != m.ID {
 		t.Errorf("MAC of another machine: %v", err)
 	}
-	if _, err := s.FindMachineByMAC(ctx, "52:54:00:00:00:03"); !errors.Is(err, ErrNotFound) {
+	if _, err := s.FindMachineByMAC(ctx, "52:54:00:00:00:03"); !errors.Is(err, store.ErrNotFound) {
 		t.Error("a refused machine left a MAC behind")
 	}
 	dup := newMachine("m_3", "fsn1", "52:54:00:00:00:04")
 	dup.Name = "rack1-u1"
-	if err := s.CreateMachine(ctx, dup); !errors.Is(err, ErrNameTaken) {
+	if err := s.CreateMachine(ctx, dup); !errors.Is(err, store.ErrNameTaken) {
 		t.Errorf("name taken in the site: %v", err)
 	}
 	dup.Site = "ams1"
 	if err := s.CreateMachine(ctx, dup); err != nil {
 		t.Errorf("the same name in another site: %v", err)
 	}
-	if err := s.CreateMachine(ctx, newMachine("m_4", "nowhere", "52:54:00:00:00:05")); !errors.Is(err, ErrNotFound) {
+	if err := s.CreateMachine(ctx, newMachine("m_4", "nowhere", "52:54:00:00:00:05")); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("missing site: %v", err)
 	}
 	if named, _ := s.FindMachinesByName(ctx, "rack1-u1"); len(named) != 2 {
@@ -126,30 +90,30 @@ func TestMachines(t *testing.T) {
 
 	before := rev("fsn1")
 	local := protocol.BootLocal
-	got, err = s.UpdateMachine(ctx, m.ID, MachineUpdate{BootOverride: &local, At: time.Now(), Event: MachineEvent{Kind: "machine.boot_mode", Message: "local"}})
+	got, err = s.UpdateMachine(ctx, m.ID, store.MachineUpdate{BootOverride: &local, At: time.Now(), Event: store.MachineEvent{Kind: "machine.boot_mode", Message: "local"}})
 	if err != nil || got.BootOverride != local || got.EffectiveBootMode() != local || rev("fsn1") != before+1 {
 		t.Errorf("boot mode: %+v %v, revision %d", got, err, rev("fsn1"))
 	}
-	if got, err = s.UpdateMachine(ctx, m.ID, MachineUpdate{Approve: true, At: time.Now()}); err != nil || !got.Approved || rev("fsn1") != before+1 {
+	if got, err = s.UpdateMachine(ctx, m.ID, store.MachineUpdate{Approve: true, At: time.Now()}); err != nil || !got.Approved || rev("fsn1") != before+1 {
 		t.Errorf("approve: %+v %v (an approval changes no spec)", got, err)
 	}
-	if got, err = s.UpdateMachine(ctx, m.ID, MachineUpdate{SetBMC: true, At: time.Now()}); err != nil || got.BMC != nil || rev("fsn1") != before+2 {
+	if got, err = s.UpdateMachine(ctx, m.ID, store.MachineUpdate{SetBMC: true, At: time.Now()}); err != nil || got.BMC != nil || rev("fsn1") != before+2 {
 		t.Errorf("clear BMC: %+v %v", got, err)
 	}
-	if _, err := s.UpdateMachine(ctx, "m_missing", MachineUpdate{Approve: true, At: time.Now()}); !errors.Is(err, ErrNotFound) {
+	if _, err := s.UpdateMachine(ctx, "m_missing", store.MachineUpdate{Approve: true, At: time.Now()}); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("update a missing machine: %v", err)
 	}
 
 	at := time.Now()
-	if id, err := s.RecordBoot(ctx, "fsn1", "52:54:00:00:00:01", "script", MachineEvent{Time: at, Kind: "machine.booted"}); err != nil || id != m.ID {
+	if id, err := s.RecordBoot(ctx, "fsn1", "52:54:00:00:00:01", "script", store.MachineEvent{Time: at, Kind: "machine.booted"}); err != nil || id != m.ID {
 		t.Errorf("record boot: %s %v", id, err)
 	}
 	// An older step replayed late does not move the last boot back.
-	s.RecordBoot(ctx, "fsn1", "52:54:00:00:00:01", "dhcp", MachineEvent{Time: at.Add(-time.Minute), Kind: "machine.booted"})
+	s.RecordBoot(ctx, "fsn1", "52:54:00:00:00:01", "dhcp", store.MachineEvent{Time: at.Add(-time.Minute), Kind: "machine.booted"})
 	if got, _ := s.GetMachine(ctx, m.ID); got.LastBootStage != "script" || got.LastBootAt.UnixMilli() != at.UnixMilli() {
 		t.Errorf("last boot %s at %v", got.LastBootStage, got.LastBootAt)
 	}
-	if _, err := s.RecordBoot(ctx, "ams1", "52:54:00:00:00:01", "dhcp", MachineEvent{Time: at, Kind: "machine.booted"}); !errors.Is(err, ErrNotFound) {
+	if _, err := s.RecordBoot(ctx, "ams1", "52:54:00:00:00:01", "dhcp", store.MachineEvent{Time: at, Kind: "machine.booted"}); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("boot reported by another site: %v", err)
 	}
 	evs, err := s.MachineEvents(ctx, m.ID, 0)
@@ -165,7 +129,7 @@ func TestMachines(t *testing.T) {
 	if err := s.DeleteMachine(ctx, m.ID, false); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.GetMachine(ctx, m.ID); !errors.Is(err, ErrNotFound) || rev("fsn1") != before+1 {
+	if _, err := s.GetMachine(ctx, m.ID); !errors.Is(err, store.ErrNotFound) || rev("fsn1") != before+1 {
 		t.Errorf("after delete: %v, revision %d", err, rev("fsn1"))
 	}
 	if evs, _ := s.MachineEvents(ctx, m.ID, 0); len(evs) != 0 {
@@ -175,14 +139,13 @@ func TestMachines(t *testing.T) {
 	if err := s.CreateMachine(ctx, newMachine("m_5", "fsn1", "52:54:00:00:00:01")); err != nil {
 		t.Errorf("reusing a deleted machine's MAC: %v", err)
 	}
-	if err := s.DeleteMachine(ctx, m.ID, false); !errors.Is(err, ErrNotFound) {
+	if err := s.DeleteMachine(ctx, m.ID, false); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("delete twice: %v", err)
 	}
 }
 
-func TestSiteProxy(t *testing.T) {
-	s := openTest(t)
-	s.CreateSite(ctx, Site{Name: "fsn1", Approval: ApprovalManual, CreatedAt: time.Now()})
+func testSiteProxy(t *testing.T, s store.Store) {
+	s.CreateSite(ctx, store.Site{Name: "fsn1", Approval: store.ApprovalManual, CreatedAt: time.Now()})
 	site, err := s.SetSiteHTTPProxy(ctx, "fsn1", &protocol.HTTPProxySection{Listen: "10.20.0.2:3128", Allow: []string{"img:443"}}, time.Now())
 	if err != nil || site.HTTPProxy == nil || site.HTTPProxy.Listen != "10.20.0.2:3128" || site.SpecRevision != 2 || !site.ManualApproval() {
 		t.Fatalf("set proxy: %+v %v", site, err)
@@ -190,15 +153,14 @@ func TestSiteProxy(t *testing.T) {
 	if site, _ = s.SetSiteHTTPProxy(ctx, "fsn1", nil, time.Now()); site.HTTPProxy != nil || site.SpecRevision != 3 {
 		t.Errorf("clear proxy: %+v", site)
 	}
-	if _, err := s.SetSiteHTTPProxy(ctx, "nope", nil, time.Now()); !errors.Is(err, ErrNotFound) {
+	if _, err := s.SetSiteHTTPProxy(ctx, "nope", nil, time.Now()); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("missing site: %v", err)
 	}
 }
 
-func TestBootNonces(t *testing.T) {
-	s := openTest(t)
+func testBootNonces(t *testing.T, s store.Store) {
 	now := time.Now()
-	n := BootNonce{Hash: sha256.Sum256([]byte("nonce-1")), MAC: "52:54:00:00:00:01", Site: "fsn1", SiteNode: "n_s",
+	n := store.BootNonce{Hash: sha256.Sum256([]byte("nonce-1")), MAC: "52:54:00:00:00:01", Site: "fsn1", SiteNode: "n_s",
 		CreatedAt: now, ExpiresAt: now.Add(time.Minute)}
 	if added, err := s.AddBootNonce(ctx, n); !added || err != nil {
 		t.Fatalf("add: %v %v", added, err)
@@ -210,7 +172,7 @@ func TestBootNonces(t *testing.T) {
 	if err != nil || got.MAC != n.MAC || got.ExpiresAt.UnixMilli() != n.ExpiresAt.UnixMilli() || !got.UsedAt.IsZero() {
 		t.Errorf("get: %+v %v", got, err)
 	}
-	if _, err := s.GetBootNonce(ctx, sha256.Sum256([]byte("other"))); !errors.Is(err, ErrNotFound) {
+	if _, err := s.GetBootNonce(ctx, sha256.Sum256([]byte("other"))); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("unknown nonce: %v", err)
 	}
 	if first, err := s.DeferBootNonce(ctx, n.Hash, "csr-a", now); !first || err != nil {
@@ -219,46 +181,45 @@ func TestBootNonces(t *testing.T) {
 	if first, err := s.DeferBootNonce(ctx, n.Hash, "csr-a", now); first || err != nil {
 		t.Errorf("second deferral: %v %v", first, err)
 	}
-	if _, err := s.DeferBootNonce(ctx, n.Hash, "csr-b", now); !errors.Is(err, ErrNonceClaimed) {
+	if _, err := s.DeferBootNonce(ctx, n.Hash, "csr-b", now); !errors.Is(err, store.ErrNonceClaimed) {
 		t.Errorf("deferral of another CSR: %v", err)
 	}
 	h := n.Hash
-	if err := s.Admit(ctx, Admission{Node: newNode("n_r"), BootNonce: &h, Now: now}); err != nil {
+	if err := s.Admit(ctx, store.Admission{Node: newNode("n_r"), BootNonce: &h, Now: now}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Admit(ctx, Admission{Node: newNode("n_r2"), BootNonce: &h, Now: now}); !errors.Is(err, ErrNonceUsed) {
+	if err := s.Admit(ctx, store.Admission{Node: newNode("n_r2"), BootNonce: &h, Now: now}); !errors.Is(err, store.ErrNonceUsed) {
 		t.Errorf("second use: %v", err)
 	}
-	if _, err := s.GetNode(ctx, "n_r2"); !errors.Is(err, ErrNotFound) {
+	if _, err := s.GetNode(ctx, "n_r2"); !errors.Is(err, store.ErrNotFound) {
 		t.Error("a refused nonce use wrote its node")
 	}
-	if _, err := s.DeferBootNonce(ctx, n.Hash, "csr-a", now); !errors.Is(err, ErrNonceUsed) {
+	if _, err := s.DeferBootNonce(ctx, n.Hash, "csr-a", now); !errors.Is(err, store.ErrNonceUsed) {
 		t.Errorf("deferral of a used nonce: %v", err)
 	}
 	// A day after they expire nonces go, at the next one's arrival.
-	old := BootNonce{Hash: sha256.Sum256([]byte("nonce-old")), MAC: "52:54:00:00:00:01", Site: "fsn1", SiteNode: "n_s",
+	old := store.BootNonce{Hash: sha256.Sum256([]byte("nonce-old")), MAC: "52:54:00:00:00:01", Site: "fsn1", SiteNode: "n_s",
 		CreatedAt: now.Add(-48 * time.Hour), ExpiresAt: now.Add(-47 * time.Hour)}
 	s.AddBootNonce(ctx, old)
-	later := BootNonce{Hash: sha256.Sum256([]byte("nonce-2")), MAC: "52:54:00:00:00:01", Site: "fsn1", SiteNode: "n_s",
+	later := store.BootNonce{Hash: sha256.Sum256([]byte("nonce-2")), MAC: "52:54:00:00:00:01", Site: "fsn1", SiteNode: "n_s",
 		CreatedAt: now, ExpiresAt: now.Add(time.Minute)}
 	s.AddBootNonce(ctx, later)
-	if _, err := s.GetBootNonce(ctx, old.Hash); !errors.Is(err, ErrNotFound) {
+	if _, err := s.GetBootNonce(ctx, old.Hash); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("a nonce two days past its expiry is kept: %v", err)
 	}
 }
 
-func TestCommandsOnTheMachineTimeline(t *testing.T) {
-	s := openTest(t)
-	s.CreateSite(ctx, Site{Name: "fsn1", CreatedAt: time.Now()})
+func testCommandsOnTheMachineTimeline(t *testing.T, s store.Store) {
+	s.CreateSite(ctx, store.Site{Name: "fsn1", CreatedAt: time.Now()})
 	m := newMachine("m_1", "fsn1", "52:54:00:00:00:01")
 	if err := s.CreateMachine(ctx, m); err != nil {
 		t.Fatal(err)
 	}
 	now := time.Now()
-	inv := Command{ID: "cmd_inv", NodeID: "n_r", MachineID: m.ID, Kind: protocol.KindInventory, State: CommandPending, CreatedAt: now, UpdatedAt: now}
-	dep := Command{ID: "cmd_dep", NodeID: "n_r", MachineID: m.ID, Kind: protocol.KindDeployImage, Params: []byte(`{"files":[{"content":"c2VjcmV0"}]}`),
-		State: CommandPending, CreatedAt: now, UpdatedAt: now}
-	for _, c := range []Command{inv, dep} {
+	inv := store.Command{ID: "cmd_inv", NodeID: "n_r", MachineID: m.ID, Kind: protocol.KindInventory, State: store.CommandPending, CreatedAt: now, UpdatedAt: now}
+	dep := store.Command{ID: "cmd_dep", NodeID: "n_r", MachineID: m.ID, Kind: protocol.KindDeployImage, Params: []byte(`{"files":[{"content":"c2VjcmV0"}]}`),
+		State: store.CommandPending, CreatedAt: now, UpdatedAt: now}
+	for _, c := range []store.Command{inv, dep} {
 		if err := s.CreateCommand(ctx, c); err != nil {
 			t.Fatal(err)
 		}
@@ -272,7 +233,7 @@ func TestCommandsOnTheMachineTimeline(t *testing.T) {
 		if result != "" {
 			r = []byte(result)
 		}
-		if ok, err := s.ApplyStatus(ctx, StatusUpdate{CommandID: id, NodeID: "n_r", State: state, Progress: p, Result: r, At: at}); !ok || err != nil {
+		if ok, err := s.ApplyStatus(ctx, store.StatusUpdate{CommandID: id, NodeID: "n_r", State: state, Progress: p, Result: r, At: at}); !ok || err != nil {
 			t.Fatalf("status %s %s: %v %v", id, state, ok, err)
 		}
 	}

@@ -1,90 +1,59 @@
-package store
+package storetest
 
 import (
-	"database/sql"
 	"errors"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/better-compute/bcd/controlplane/ids"
+	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/controlplane/token"
 	"github.com/better-compute/bcd/protocol"
 )
 
-func TestMigrateFromVersion2(t *testing.T) {
-	path := filepath.Join(t.TempDir(), DBFile)
-	db, err := sql.Open("sqlite", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, q := range []string{schemaV1, schemaV2, "PRAGMA user_version = 2",
-		`INSERT INTO sites (name, created_at) VALUES ('fsn1', 1)`,
-		`INSERT INTO machines (id, site, state, state_changed_at, created_at, updated_at) VALUES ('m_1', 'fsn1', 'registered', 1, 1, 1)`,
-	} {
-		if _, err := db.Exec(q); err != nil {
-			t.Fatal(err)
-		}
-	}
-	db.Close()
-	s, err := OpenSQLiteFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	m, err := s.GetMachine(ctx, "m_1")
-	if err != nil || m.Firmware != FirmwareBIOS || m.Deployment != "" {
-		t.Errorf("migrated machine %+v %v", m, err)
-	}
-	if ds, err := s.OpenDeployments(ctx); err != nil || len(ds) != 0 {
-		t.Errorf("deployments %v %v", ds, err)
-	}
+func newDeployment(machine string, now time.Time) store.Deployment {
+	return store.Deployment{ID: ids.New(ids.PrefixDeployment, now), MachineID: machine, Step: "bootdev",
+		Spec: store.DeploySpec{Image: protocol.DeployImage{URL: "https://x.test/os.raw", SHA256: strings.Repeat("a", 64), Size: 1}, After: "kexec", Pool: "default"}}
 }
 
-func newDeployment(machine string, now time.Time) Deployment {
-	return Deployment{ID: ids.New(ids.PrefixDeployment, now), MachineID: machine, Step: "bootdev",
-		Spec: DeploySpec{Image: protocol.DeployImage{URL: "https://x.test/os.raw", SHA256: strings.Repeat("a", 64), Size: 1}, After: "kexec", Pool: "default"}}
-}
-
-func TestDeployments(t *testing.T) {
-	s := openTest(t)
-	s.CreateSite(ctx, Site{Name: "fsn1", CreatedAt: time.Now()})
+func testDeployments(t *testing.T, s store.Store) {
+	s.CreateSite(ctx, store.Site{Name: "fsn1", CreatedAt: time.Now()})
 	m := newMachine("m_1", "fsn1", "52:54:00:00:00:01")
-	m.Firmware = FirmwareUEFI
+	m.Firmware = store.FirmwareUEFI
 	if err := s.CreateMachine(ctx, m); err != nil {
 		t.Fatal(err)
 	}
 	site0, _ := s.GetSite(ctx, "fsn1")
 	now := time.Now().Truncate(time.Millisecond)
 	mode := protocol.BootRamdisk
-	d, err := s.StartDeployment(ctx, newDeployment(m.ID, now), DeploymentChange{State: MachinePXEBooting, Reason: "deploying", BootMode: &mode, At: now})
+	d, err := s.StartDeployment(ctx, newDeployment(m.ID, now), store.DeploymentChange{State: store.MachinePXEBooting, Reason: "deploying", BootMode: &mode, At: now})
 	if err != nil {
 		t.Fatal(err)
 	}
 	got, _ := s.GetMachine(ctx, m.ID)
 	site1, _ := s.GetSite(ctx, "fsn1")
-	if got.State != MachinePXEBooting || got.StateReason != "deploying" || got.Deployment != d.ID || got.BootMode != protocol.BootRamdisk ||
-		got.Firmware != FirmwareUEFI || site1.SpecRevision != site0.SpecRevision+1 || d.Version != 1 {
+	if got.State != store.MachinePXEBooting || got.StateReason != "deploying" || got.Deployment != d.ID || got.BootMode != protocol.BootRamdisk ||
+		got.Firmware != store.FirmwareUEFI || site1.SpecRevision != site0.SpecRevision+1 || d.Version != 1 {
 		t.Errorf("after start: %+v (spec %d → %d) %+v", got, site0.SpecRevision, site1.SpecRevision, d)
 	}
-	if _, err := s.StartDeployment(ctx, newDeployment(m.ID, now), DeploymentChange{State: MachinePXEBooting, At: now}); !errors.Is(err, ErrDeploymentActive) {
+	if _, err := s.StartDeployment(ctx, newDeployment(m.ID, now), store.DeploymentChange{State: store.MachinePXEBooting, At: now}); !errors.Is(err, store.ErrDeploymentActive) {
 		t.Errorf("a second deployment: %v", err)
 	}
-	if _, err := s.StartDeployment(ctx, newDeployment("m_gone", now), DeploymentChange{At: now}); !errors.Is(err, ErrNotFound) {
+	if _, err := s.StartDeployment(ctx, newDeployment("m_gone", now), store.DeploymentChange{At: now}); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("a deployment of no machine: %v", err)
 	}
 
 	// A step: a token and a command with the deployment, in one go.
 	j := token.NewJoin(now)
-	tok := Token{ID: j.ID, Hash: j.Hash, Pool: "default", Site: "fsn1", Role: "node", NodeID: "n_os", MachineID: m.ID, CreatedAt: now, ExpiresAt: now.Add(time.Hour)}
-	cmd := Command{ID: ids.New(ids.PrefixCommand, now), NodeID: "n_rd", MachineID: m.ID, Kind: protocol.KindDeployImage, State: CommandPending,
+	tok := store.Token{ID: j.ID, Hash: j.Hash, Pool: "default", Site: "fsn1", Role: "node", NodeID: "n_os", MachineID: m.ID, CreatedAt: now, ExpiresAt: now.Add(time.Hour)}
+	cmd := store.Command{ID: ids.New(ids.PrefixCommand, now), NodeID: "n_rd", MachineID: m.ID, Kind: protocol.KindDeployImage, State: store.CommandPending,
 		CreatedAt: now, UpdatedAt: now}
 	next := d
 	next.Step, next.CommandID, next.TokenID, next.NodeID, next.DeployAttempts = "deploy", cmd.ID, tok.ID, "n_os", 1
 	next.Deadline = now.Add(time.Minute)
-	next, err = s.AdvanceDeployment(ctx, next, DeploymentChange{State: MachineDeploying, Reason: "deploy.image", Tokens: []Token{tok},
-		Commands: []Command{cmd}, Events: []MachineEvent{{Kind: "lifecycle", Message: "note"}}, At: now})
+	next, err = s.AdvanceDeployment(ctx, next, store.DeploymentChange{State: store.MachineDeploying, Reason: "deploy.image", Tokens: []store.Token{tok},
+		Commands: []store.Command{cmd}, Events: []store.MachineEvent{{Kind: "lifecycle", Message: "note"}}, At: now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +72,7 @@ func TestDeployments(t *testing.T) {
 		t.Errorf("stored %+v %v", stored, err)
 	}
 	// A write of the version before is refused.
-	if _, err := s.AdvanceDeployment(ctx, d, DeploymentChange{State: MachineFailed, At: now}); !errors.Is(err, ErrConflict) {
+	if _, err := s.AdvanceDeployment(ctx, d, store.DeploymentChange{State: store.MachineFailed, At: now}); !errors.Is(err, store.ErrConflict) {
 		t.Errorf("stale write: %v", err)
 	}
 	evs, _ := s.MachineEvents(ctx, m.ID, 0)
@@ -122,7 +91,7 @@ func TestDeployments(t *testing.T) {
 	}
 
 	// Finished: the token revoked, and another deployment may start.
-	fin, err := s.AdvanceDeployment(ctx, next, DeploymentChange{State: MachineFailed, Reason: "x", RevokeTokens: []string{tok.ID}, Finish: "failed", At: now})
+	fin, err := s.AdvanceDeployment(ctx, next, store.DeploymentChange{State: store.MachineFailed, Reason: "x", RevokeTokens: []string{tok.ID}, Finish: "failed", At: now})
 	if err != nil || !fin.Finished() || fin.Outcome != "failed" {
 		t.Fatalf("finish %+v %v", fin, err)
 	}
@@ -132,10 +101,10 @@ func TestDeployments(t *testing.T) {
 	if ds, _ := s.OpenDeployments(ctx); len(ds) != 0 {
 		t.Errorf("open after finish %+v", ds)
 	}
-	if _, err := s.StartDeployment(ctx, newDeployment(m.ID, now), DeploymentChange{State: MachinePXEBooting, At: now}); err != nil {
+	if _, err := s.StartDeployment(ctx, newDeployment(m.ID, now), store.DeploymentChange{State: store.MachinePXEBooting, At: now}); err != nil {
 		t.Errorf("a deployment after the first ended: %v", err)
 	}
-	if ms, err := s.ListMachinesInState(ctx, MachinePXEBooting); err != nil || len(ms) != 1 {
+	if ms, err := s.ListMachinesInState(ctx, store.MachinePXEBooting); err != nil || len(ms) != 1 {
 		t.Errorf("in state: %v %v", ms, err)
 	}
 
@@ -143,18 +112,17 @@ func TestDeployments(t *testing.T) {
 	if err := s.DeleteMachine(ctx, m.ID, false); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.GetDeployment(ctx, d.ID); !errors.Is(err, ErrNotFound) {
+	if _, err := s.GetDeployment(ctx, d.ID); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("deployment of a deleted machine: %v", err)
 	}
 }
 
-func TestFindMachineByNodeAndRetire(t *testing.T) {
-	s := openTest(t)
-	s.CreateSite(ctx, Site{Name: "fsn1", CreatedAt: time.Now()})
+func testFindMachineByNodeAndRetire(t *testing.T, s store.Store) {
+	s.CreateSite(ctx, store.Site{Name: "fsn1", CreatedAt: time.Now()})
 	s.CreateMachine(ctx, newMachine("m_1", "fsn1", "52:54:00:00:00:01"))
 	admit := func(id, role string) {
 		t.Helper()
-		if err := s.Admit(ctx, Admission{Node: Node{ID: id, Role: role, Site: "fsn1", SPIFFEID: "x", CertSerial: id, CertNotAfter: time.Now().Add(time.Hour),
+		if err := s.Admit(ctx, store.Admission{Node: store.Node{ID: id, Role: role, Site: "fsn1", SPIFFEID: "x", CertSerial: id, CertNotAfter: time.Now().Add(time.Hour),
 			State: "adopting"}, Machine: "m_1", Now: time.Now()}); err != nil {
 			t.Fatal(err)
 		}
@@ -176,13 +144,13 @@ func TestFindMachineByNodeAndRetire(t *testing.T) {
 	if n, _ := s.GetNode(ctx, "n_os2"); n.Deleted() {
 		t.Error("the new node was retired")
 	}
-	if _, err := s.FindMachineByNode(ctx, "n_none"); !errors.Is(err, ErrNotFound) {
+	if _, err := s.FindMachineByNode(ctx, "n_none"); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("unknown node: %v", err)
 	}
-	if se, err := s.GetSession(ctx, 99); !errors.Is(err, ErrNotFound) {
+	if se, err := s.GetSession(ctx, 99); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("unknown session: %+v %v", se, err)
 	}
-	id, _ := s.OpenSession(ctx, Session{NodeID: "n_os2", Role: "node", BootID: "b1", ConnectedAt: time.Now()})
+	id, _ := s.OpenSession(ctx, store.Session{NodeID: "n_os2", Role: "node", BootID: "b1", ConnectedAt: time.Now()})
 	if se, err := s.GetSession(ctx, id); err != nil || se.BootID != "b1" || se.NodeID != "n_os2" {
 		t.Errorf("session %+v %v", se, err)
 	}

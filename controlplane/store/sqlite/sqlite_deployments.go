@@ -1,4 +1,4 @@
-package store
+package sqlite
 
 import (
 	"context"
@@ -6,28 +6,30 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+
+	"github.com/better-compute/bcd/controlplane/store"
 )
 
 const deploymentColumns = `id, machine_id, spec, step, deadline, boot_attempts, deploy_attempts, deploy_failures, bmc_attempts, command_id,
 	ramdisk_node, node_id, token_id, lost_at, node_session, node_boot_id, outcome, version, created_at, updated_at, finished_at, left_ramdisk`
 
-func scanDeployment(sc interface{ Scan(...any) error }) (Deployment, error) {
-	var d Deployment
+func scanDeployment(sc interface{ Scan(...any) error }) (store.Deployment, error) {
+	var d store.Deployment
 	var spec string
 	var deadline, lost, created, updated, finished sql.NullInt64
 	if err := sc.Scan(&d.ID, &d.MachineID, &spec, &d.Step, &deadline, &d.BootAttempts, &d.DeployAttempts, &d.DeployFailures, &d.BMCAttempts,
 		&d.CommandID, &d.RamdiskNode, &d.NodeID, &d.TokenID, &lost, &d.NodeSession, &d.NodeBootID, &d.Outcome, &d.Version,
 		&created, &updated, &finished, &d.LeftRamdisk); err != nil {
-		return Deployment{}, err
+		return store.Deployment{}, err
 	}
 	if err := json.Unmarshal([]byte(spec), &d.Spec); err != nil {
-		return Deployment{}, fmt.Errorf("deployment %s: spec: %w", d.ID, err)
+		return store.Deployment{}, fmt.Errorf("deployment %s: spec: %w", d.ID, err)
 	}
 	d.Deadline, d.LostAt, d.CreatedAt, d.UpdatedAt, d.FinishedAt = fromMS(deadline), fromMS(lost), fromMS(created), fromMS(updated), fromMS(finished)
 	return d, nil
 }
 
-func (s *sqliteStore) StartDeployment(ctx context.Context, d Deployment, ch DeploymentChange) (Deployment, error) {
+func (s *sqliteStore) StartDeployment(ctx context.Context, d store.Deployment, ch store.DeploymentChange) (store.Deployment, error) {
 	spec, err := json.Marshal(d.Spec)
 	if err != nil {
 		return d, fmt.Errorf("store: deployment spec: %w", err)
@@ -47,7 +49,7 @@ func (s *sqliteStore) StartDeployment(ctx context.Context, d Deployment, ch Depl
 			case err != nil:
 				return err
 			case !finished.Valid:
-				return fmt.Errorf("deployment %s: %w", current, ErrDeploymentActive)
+				return fmt.Errorf("deployment %s: %w", current, store.ErrDeploymentActive)
 			case token != "":
 				ch.RevokeTokens = append(ch.RevokeTokens, token)
 			}
@@ -77,7 +79,7 @@ func (s *sqliteStore) StartDeployment(ctx context.Context, d Deployment, ch Depl
 		return applyChange(ctx, tx, d.MachineID, d.ID, ch)
 	})
 	if isConstraint(err) {
-		return d, fmt.Errorf("store: deployment %s: %w", d.ID, ErrExists)
+		return d, fmt.Errorf("store: deployment %s: %w", d.ID, store.ErrExists)
 	}
 	if ch.Finish != "" {
 		d.Outcome, d.FinishedAt = ch.Finish, ch.At
@@ -85,18 +87,18 @@ func (s *sqliteStore) StartDeployment(ctx context.Context, d Deployment, ch Depl
 	return d, wrap("start deployment of "+d.MachineID, err)
 }
 
-func (s *sqliteStore) GetDeployment(ctx context.Context, id string) (Deployment, error) {
+func (s *sqliteStore) GetDeployment(ctx context.Context, id string) (store.Deployment, error) {
 	d, err := scanDeployment(s.r.QueryRowContext(ctx, `SELECT `+deploymentColumns+` FROM deployments WHERE id = ?`, id))
 	return d, wrap("deployment "+id, err)
 }
 
-func (s *sqliteStore) OpenDeployments(ctx context.Context) ([]Deployment, error) {
+func (s *sqliteStore) OpenDeployments(ctx context.Context) ([]store.Deployment, error) {
 	rows, err := s.r.QueryContext(ctx, `SELECT `+deploymentColumns+` FROM deployments WHERE finished_at IS NULL ORDER BY created_at, id`)
 	if err != nil {
 		return nil, wrap("open deployments", err)
 	}
 	defer rows.Close()
-	var out []Deployment
+	var out []store.Deployment
 	for rows.Next() {
 		d, err := scanDeployment(rows)
 		if err != nil {
@@ -107,7 +109,7 @@ func (s *sqliteStore) OpenDeployments(ctx context.Context) ([]Deployment, error)
 	return out, wrap("open deployments", rows.Err())
 }
 
-func (s *sqliteStore) AdvanceDeployment(ctx context.Context, d Deployment, ch DeploymentChange) (Deployment, error) {
+func (s *sqliteStore) AdvanceDeployment(ctx context.Context, d store.Deployment, ch store.DeploymentChange) (store.Deployment, error) {
 	if ch.Finish != "" {
 		d.Outcome, d.FinishedAt = ch.Finish, ch.At
 	}
@@ -129,7 +131,7 @@ func (s *sqliteStore) AdvanceDeployment(ctx context.Context, d Deployment, ch De
 			if err := tx.QueryRowContext(ctx, `SELECT 1 FROM deployments WHERE id = ?`, d.ID).Scan(&one); err != nil {
 				return err
 			}
-			return ErrConflict
+			return store.ErrConflict
 		}
 		return applyChange(ctx, tx, d.MachineID, d.ID, ch)
 	})
@@ -143,7 +145,7 @@ func (s *sqliteStore) AdvanceDeployment(ctx context.Context, d Deployment, ch De
 
 // applyChange writes what a lifecycle step changes besides its deployment,
 // within tx.
-func applyChange(ctx context.Context, tx *sql.Tx, machineID, deploymentID string, ch DeploymentChange) error {
+func applyChange(ctx context.Context, tx *sql.Tx, machineID, deploymentID string, ch store.DeploymentChange) error {
 	var site, state, mode string
 	if err := tx.QueryRowContext(ctx, `SELECT site, state, boot_mode FROM machines WHERE id = ?`, machineID).Scan(&site, &state, &mode); err != nil {
 		return err
@@ -168,7 +170,7 @@ func applyChange(ctx context.Context, tx *sql.Tx, machineID, deploymentID string
 		if ch.Reason != "" {
 			msg += ": " + ch.Reason
 		}
-		if err := addMachineEvent(ctx, tx, MachineEvent{MachineID: machineID, Time: ch.At, Kind: MachineEventState, Message: msg, Data: data}); err != nil {
+		if err := addMachineEvent(ctx, tx, store.MachineEvent{MachineID: machineID, Time: ch.At, Kind: store.MachineEventState, Message: msg, Data: data}); err != nil {
 			return err
 		}
 	}
@@ -208,9 +210,9 @@ func applyChange(ctx context.Context, tx *sql.Tx, machineID, deploymentID string
 	return nil
 }
 
-func (s *sqliteStore) FindMachineByNode(ctx context.Context, nodeID string) (Machine, error) {
+func (s *sqliteStore) FindMachineByNode(ctx context.Context, nodeID string) (store.Machine, error) {
 	if nodeID == "" {
-		return Machine{}, fmt.Errorf("store: machine of node: %w", ErrNotFound)
+		return store.Machine{}, fmt.Errorf("store: machine of node: %w", store.ErrNotFound)
 	}
 	m, err := scanMachine(s.r.QueryRowContext(ctx, `SELECT `+machineColumns+` FROM machines
 		WHERE node = ? OR ramdisk_node = ? OR bound_node = ? OR bound_ramdisk = ?
@@ -218,10 +220,10 @@ func (s *sqliteStore) FindMachineByNode(ctx context.Context, nodeID string) (Mac
 	return m, wrap("machine of node "+nodeID, err)
 }
 
-func (s *sqliteStore) ListMachinesWithPendingBindings(ctx context.Context) ([]Machine, error) {
+func (s *sqliteStore) ListMachinesWithPendingBindings(ctx context.Context) ([]store.Machine, error) {
 	return s.queryMachines(ctx, "machines with bindings to adopt", `WHERE bind_seq != bind_applied`)
 }
 
-func (s *sqliteStore) ListMachinesInState(ctx context.Context, state string) ([]Machine, error) {
+func (s *sqliteStore) ListMachinesInState(ctx context.Context, state string) ([]store.Machine, error) {
 	return s.queryMachines(ctx, "machines in state "+state, `WHERE state = ?`, state)
 }

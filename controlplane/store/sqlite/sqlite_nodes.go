@@ -1,4 +1,4 @@
-package store
+package sqlite
 
 import (
 	"context"
@@ -7,19 +7,21 @@ import (
 	"fmt"
 	"github.com/better-compute/bcd/protocol"
 	"time"
+
+	"github.com/better-compute/bcd/controlplane/store"
 )
 
 const nodeColumns = `id, role, site, pool, spiffe_id, claims, system_uuid, tpm_ek_sha256, cert_serial, cert_not_after,
 	state, cordoned, created_at, updated_at, joined_at, deleted_at, session_id, daemon_version, last_seen_at, spec_revision`
 
-func scanNode(sc interface{ Scan(...any) error }) (Node, error) {
-	var n Node
+func scanNode(sc interface{ Scan(...any) error }) (store.Node, error) {
+	var n store.Node
 	var claims string
 	var notAfter, created, updated, joined, deleted, lastSeen, session sql.NullInt64
 	if err := sc.Scan(&n.ID, &n.Role, &n.Site, &n.Pool, &n.SPIFFEID, &claims, &n.SystemUUID, &n.TPMEKSHA256,
 		&n.CertSerial, &notAfter, &n.State, &n.Cordoned, &created, &updated, &joined, &deleted, &session,
 		&n.DaemonVersion, &lastSeen, &n.SpecRevision); err != nil {
-		return Node{}, err
+		return store.Node{}, err
 	}
 	n.Claims = []byte(claims)
 	n.CertNotAfter, n.CreatedAt, n.UpdatedAt, n.JoinedAt = fromMS(notAfter), fromMS(created), fromMS(updated), fromMS(joined)
@@ -28,7 +30,7 @@ func scanNode(sc interface{ Scan(...any) error }) (Node, error) {
 	return n, nil
 }
 
-func (s *sqliteStore) Admit(ctx context.Context, a Admission) error {
+func (s *sqliteStore) Admit(ctx context.Context, a store.Admission) error {
 	n := a.Node
 	claims := string(n.Claims)
 	if claims == "" {
@@ -60,7 +62,7 @@ func (s *sqliteStore) Admit(ctx context.Context, a Admission) error {
 				n.ID, n.Role, n.Site, n.Pool, n.SPIFFEID, claims, n.SystemUUID, n.TPMEKSHA256, n.CertSerial,
 				ms(n.CertNotAfter), n.State, ms(a.Now), ms(a.Now), ms(a.Now))
 			if isConstraint(err) {
-				return ErrExists
+				return store.ErrExists
 			}
 			if err != nil {
 				return err
@@ -68,7 +70,7 @@ func (s *sqliteStore) Admit(ctx context.Context, a Admission) error {
 		}
 		if a.Retire != "" && a.Retire != n.ID {
 			if err := deleteNode(ctx, tx, a.Retire, a.Now, "the machine's next agent joined"); err != nil &&
-				!errors.Is(err, ErrNodeDeleted) && !errors.Is(err, sql.ErrNoRows) {
+				!errors.Is(err, store.ErrNodeDeleted) && !errors.Is(err, sql.ErrNoRows) {
 				return err
 			}
 		}
@@ -79,12 +81,12 @@ func (s *sqliteStore) Admit(ctx context.Context, a Admission) error {
 	}))
 }
 
-func (s *sqliteStore) GetNode(ctx context.Context, id string) (Node, error) {
+func (s *sqliteStore) GetNode(ctx context.Context, id string) (store.Node, error) {
 	n, err := scanNode(s.r.QueryRowContext(ctx, `SELECT `+nodeColumns+` FROM nodes WHERE id = ?`, id))
 	return n, wrap("node "+id, err)
 }
 
-func (s *sqliteStore) FindNodeByClaims(ctx context.Context, systemUUID, tpmEKSHA256 string) (Node, error) {
+func (s *sqliteStore) FindNodeByClaims(ctx context.Context, systemUUID, tpmEKSHA256 string) (store.Node, error) {
 	if tpmEKSHA256 != "" {
 		n, err := scanNode(s.r.QueryRowContext(ctx, `SELECT `+nodeColumns+` FROM nodes
 			WHERE tpm_ek_sha256 = ? AND tpm_ek_sha256 != '' AND deleted_at IS NULL ORDER BY joined_at DESC LIMIT 1`, tpmEKSHA256))
@@ -97,16 +99,16 @@ func (s *sqliteStore) FindNodeByClaims(ctx context.Context, systemUUID, tpmEKSHA
 			WHERE system_uuid = ? AND system_uuid != '' AND deleted_at IS NULL ORDER BY joined_at DESC LIMIT 1`, systemUUID))
 		return n, wrap("find node by system UUID", err)
 	}
-	return Node{}, fmt.Errorf("store: find node by claims: %w", ErrNotFound)
+	return store.Node{}, fmt.Errorf("store: find node by claims: %w", store.ErrNotFound)
 }
 
-func (s *sqliteStore) ListNodes(ctx context.Context) ([]Node, error) {
+func (s *sqliteStore) ListNodes(ctx context.Context) ([]store.Node, error) {
 	rows, err := s.r.QueryContext(ctx, `SELECT `+nodeColumns+` FROM nodes WHERE deleted_at IS NULL ORDER BY id`)
 	if err != nil {
 		return nil, wrap("list nodes", err)
 	}
 	defer rows.Close()
-	var out []Node
+	var out []store.Node
 	for rows.Next() {
 		n, err := scanNode(rows)
 		if err != nil {
@@ -131,7 +133,7 @@ func updateLiveNode(ctx context.Context, tx *sql.Tx, id, set string, args ...any
 	if err := tx.QueryRowContext(ctx, `SELECT deleted_at FROM nodes WHERE id = ?`, id).Scan(&deleted); err != nil {
 		return err
 	}
-	return ErrNodeDeleted
+	return store.ErrNodeDeleted
 }
 
 func (s *sqliteStore) DeleteNode(ctx context.Context, id string, at time.Time) error {

@@ -1,4 +1,4 @@
-package store
+package sqlite
 
 import (
 	"bytes"
@@ -10,18 +10,19 @@ import (
 	"strings"
 	"time"
 
+	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/protocol"
 )
 
 const commandColumns = `id, node_id, kind, params, state, reason, message, progress, result, created_at, updated_at, sent_at, machine_id`
 
-func scanCommand(sc interface{ Scan(...any) error }) (Command, error) {
-	var c Command
+func scanCommand(sc interface{ Scan(...any) error }) (store.Command, error) {
+	var c store.Command
 	var params, progress, result sql.NullString
 	var created, updated, sent sql.NullInt64
 	if err := sc.Scan(&c.ID, &c.NodeID, &c.Kind, &params, &c.State, &c.Reason, &c.Message, &progress, &result,
 		&created, &updated, &sent, &c.MachineID); err != nil {
-		return Command{}, err
+		return store.Command{}, err
 	}
 	if params.Valid {
 		c.Params = []byte(params.String)
@@ -36,17 +37,17 @@ func scanCommand(sc interface{ Scan(...any) error }) (Command, error) {
 	return c, nil
 }
 
-func (s *sqliteStore) CreateCommand(ctx context.Context, c Command) error {
+func (s *sqliteStore) CreateCommand(ctx context.Context, c store.Command) error {
 	err := s.tx(ctx, func(tx *sql.Tx) error { return insertCommand(ctx, tx, c) })
 	if isConstraint(err) {
-		return fmt.Errorf("store: command %s: %w", c.ID, ErrExists)
+		return fmt.Errorf("store: command %s: %w", c.ID, store.ErrExists)
 	}
 	return wrap("create command", err)
 }
 
 // insertCommand writes a command and, for one about a machine, its event on
 // the machine's timeline, within tx.
-func insertCommand(ctx context.Context, tx *sql.Tx, c Command) error {
+func insertCommand(ctx context.Context, tx *sql.Tx, c store.Command) error {
 	if _, err := tx.ExecContext(ctx, `INSERT INTO commands (`+commandColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		c.ID, c.NodeID, c.Kind, nullJSON(c.Params), c.State, c.Reason, c.Message, nullJSON(c.Progress), nullJSON(c.Result),
 		ms(c.CreatedAt), ms(c.UpdatedAt), ms(c.SentAt), c.MachineID); err != nil {
@@ -57,23 +58,23 @@ func insertCommand(ctx context.Context, tx *sql.Tx, c Command) error {
 	}
 	// The params stay off the timeline: a deploy's carry a join token.
 	data, _ := json.Marshal(map[string]string{"kind": c.Kind, "node": c.NodeID})
-	return addMachineEvent(ctx, tx, MachineEvent{MachineID: c.MachineID, Time: c.CreatedAt, Kind: MachineEventCommand,
+	return addMachineEvent(ctx, tx, store.MachineEvent{MachineID: c.MachineID, Time: c.CreatedAt, Kind: store.MachineEventCommand,
 		Message: c.Kind + " for node " + c.NodeID, NodeID: c.NodeID, CommandID: c.ID, Data: data})
 }
 
-func (s *sqliteStore) GetCommand(ctx context.Context, id string) (Command, error) {
+func (s *sqliteStore) GetCommand(ctx context.Context, id string) (store.Command, error) {
 	c, err := scanCommand(s.r.QueryRowContext(ctx, `SELECT `+commandColumns+` FROM commands WHERE id = ?`, id))
 	return c, wrap("command "+id, err)
 }
 
-func (s *sqliteStore) OpenCommands(ctx context.Context, nodeID string) ([]Command, error) {
+func (s *sqliteStore) OpenCommands(ctx context.Context, nodeID string) ([]store.Command, error) {
 	rows, err := s.r.QueryContext(ctx, `SELECT `+commandColumns+` FROM commands
 		WHERE node_id = ? AND state NOT IN ('SUCCEEDED', 'FAILED', 'UNSUPPORTED') ORDER BY id`, nodeID)
 	if err != nil {
 		return nil, wrap("open commands", err)
 	}
 	defer rows.Close()
-	var out []Command
+	var out []store.Command
 	for rows.Next() {
 		c, err := scanCommand(rows)
 		if err != nil {
@@ -98,7 +99,7 @@ const progressEvery = 5 * time.Second
 // maxEventResult bounds the result a status event carries on the timeline.
 const maxEventResult = 4 << 10
 
-func (s *sqliteStore) ApplyStatus(ctx context.Context, u StatusUpdate) (bool, error) {
+func (s *sqliteStore) ApplyStatus(ctx context.Context, u store.StatusUpdate) (bool, error) {
 	applied := false
 	err := s.tx(ctx, func(tx *sql.Tx) error {
 		var kind, machine, prev string
@@ -167,7 +168,7 @@ func (s *sqliteStore) ApplyStatus(ctx context.Context, u StatusUpdate) (bool, er
 		if u.Message != "" {
 			msg += ": " + u.Message
 		}
-		return addMachineEvent(ctx, tx, MachineEvent{MachineID: machine, Time: u.At, Kind: MachineEventCommandStatus,
+		return addMachineEvent(ctx, tx, store.MachineEvent{MachineID: machine, Time: u.At, Kind: store.MachineEventCommandStatus,
 			Message: msg, NodeID: u.NodeID, CommandID: u.CommandID, Data: data})
 	})
 	return applied, wrap("apply status", err)

@@ -1,12 +1,14 @@
-package store
+package sqlite
 
 import (
 	"context"
 	"database/sql"
 	"time"
+
+	"github.com/better-compute/bcd/controlplane/store"
 )
 
-func (s *sqliteStore) OpenSession(ctx context.Context, se Session) (int64, error) {
+func (s *sqliteStore) OpenSession(ctx context.Context, se store.Session) (int64, error) {
 	var id int64
 	err := s.tx(ctx, func(tx *sql.Tx) error {
 		res, err := tx.ExecContext(ctx, `INSERT INTO node_sessions (node_id, role, daemon_version, boot_id,
@@ -50,8 +52,8 @@ func (s *sqliteStore) CloseAllSessions(ctx context.Context, at time.Time) error 
 	}))
 }
 
-func (s *sqliteStore) GetSession(ctx context.Context, id int64) (Session, error) {
-	var se Session
+func (s *sqliteStore) GetSession(ctx context.Context, id int64) (store.Session, error) {
+	var se store.Session
 	var connected, disconnected sql.NullInt64
 	err := s.r.QueryRowContext(ctx, `SELECT id, node_id, role, daemon_version, boot_id, protocol_version, remote_addr,
 		connected_at, disconnected_at FROM node_sessions WHERE id = ?`, id).Scan(&se.ID, &se.NodeID, &se.Role, &se.DaemonVersion,
@@ -60,7 +62,7 @@ func (s *sqliteStore) GetSession(ctx context.Context, id int64) (Session, error)
 	return se, wrap("session", err)
 }
 
-func (s *sqliteStore) AddEvent(ctx context.Context, e Event) error {
+func (s *sqliteStore) AddEvent(ctx context.Context, e store.Event) error {
 	var session any
 	if e.SessionID != 0 {
 		session = e.SessionID

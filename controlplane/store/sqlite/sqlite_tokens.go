@@ -1,24 +1,26 @@
-package store
+package sqlite
 
 import (
 	"context"
 	"database/sql"
 	"fmt"
 	"time"
+
+	"github.com/better-compute/bcd/controlplane/store"
 )
 
 const tokenColumns = `id, hash, pool, site, role, node_id, allow_reclaim, created_at, expires_at, used_at, used_by, revoked_at, machine_id`
 
-func scanToken(sc interface{ Scan(...any) error }) (Token, error) {
-	var t Token
+func scanToken(sc interface{ Scan(...any) error }) (store.Token, error) {
+	var t store.Token
 	var hash []byte
 	var created, expires, used, revoked sql.NullInt64
 	if err := sc.Scan(&t.ID, &hash, &t.Pool, &t.Site, &t.Role, &t.NodeID, &t.AllowReclaim,
 		&created, &expires, &used, &t.UsedBy, &revoked, &t.MachineID); err != nil {
-		return Token{}, err
+		return store.Token{}, err
 	}
 	if len(hash) != len(t.Hash) {
-		return Token{}, fmt.Errorf("token %s: hash is %d bytes, want %d", t.ID, len(hash), len(t.Hash))
+		return store.Token{}, fmt.Errorf("token %s: hash is %d bytes, want %d", t.ID, len(hash), len(t.Hash))
 	}
 	copy(t.Hash[:], hash)
 	t.CreatedAt, t.ExpiresAt, t.UsedAt, t.RevokedAt = fromMS(created), fromMS(expires), fromMS(used), fromMS(revoked)
@@ -30,36 +32,36 @@ type execer interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }
 
-func insertToken(ctx context.Context, db execer, t Token) error {
+func insertToken(ctx context.Context, db execer, t store.Token) error {
 	_, err := db.ExecContext(ctx, `INSERT INTO join_tokens (`+tokenColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		t.ID, t.Hash[:], t.Pool, t.Site, t.Role, t.NodeID, t.AllowReclaim,
 		ms(t.CreatedAt), ms(t.ExpiresAt), ms(t.UsedAt), t.UsedBy, ms(t.RevokedAt), t.MachineID)
 	return err
 }
 
-func (s *sqliteStore) CreateToken(ctx context.Context, t Token) error {
+func (s *sqliteStore) CreateToken(ctx context.Context, t store.Token) error {
 	err := insertToken(ctx, s.w, t)
 	switch {
 	case isForeignKey(err):
-		return fmt.Errorf("store: site %q: %w", t.Site, ErrNotFound)
+		return fmt.Errorf("store: site %q: %w", t.Site, store.ErrNotFound)
 	case isConstraint(err):
-		return fmt.Errorf("store: token %s: %w", t.ID, ErrExists)
+		return fmt.Errorf("store: token %s: %w", t.ID, store.ErrExists)
 	}
 	return wrap("create token", err)
 }
 
-func (s *sqliteStore) GetToken(ctx context.Context, id string) (Token, error) {
+func (s *sqliteStore) GetToken(ctx context.Context, id string) (store.Token, error) {
 	t, err := scanToken(s.r.QueryRowContext(ctx, `SELECT `+tokenColumns+` FROM join_tokens WHERE id = ?`, id))
 	return t, wrap("token "+id, err)
 }
 
-func (s *sqliteStore) ListTokens(ctx context.Context) ([]Token, error) {
+func (s *sqliteStore) ListTokens(ctx context.Context) ([]store.Token, error) {
 	rows, err := s.r.QueryContext(ctx, `SELECT `+tokenColumns+` FROM join_tokens ORDER BY id`)
 	if err != nil {
 		return nil, wrap("list tokens", err)
 	}
 	defer rows.Close()
-	var out []Token
+	var out []store.Token
 	for rows.Next() {
 		t, err := scanToken(rows)
 		if err != nil {
@@ -102,10 +104,10 @@ func consumeToken(ctx context.Context, tx *sql.Tx, id, nodeID string, now time.T
 	}
 	switch {
 	case !t.RevokedAt.IsZero():
-		return ErrTokenRevoked
+		return store.ErrTokenRevoked
 	case !t.UsedAt.IsZero():
-		return ErrTokenUsed
+		return store.ErrTokenUsed
 	default:
-		return ErrTokenExpired
+		return store.ErrTokenExpired
 	}
 }

@@ -1,4 +1,4 @@
-package store
+package sqlite
 
 import (
 	"context"
@@ -9,35 +9,36 @@ import (
 	"strings"
 	"time"
 
+	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/controlplane/token"
 	"github.com/better-compute/bcd/protocol"
 )
 
 const siteColumns = `name, auto_approve, http_proxy, spec_revision, created_at, updated_at`
 
-func scanSite(sc interface{ Scan(...any) error }) (Site, error) {
-	var site Site
+func scanSite(sc interface{ Scan(...any) error }) (store.Site, error) {
+	var site store.Site
 	var auto bool
 	var proxy sql.NullString
 	var created, updated sql.NullInt64
 	if err := sc.Scan(&site.Name, &auto, &proxy, &site.SpecRevision, &created, &updated); err != nil {
-		return Site{}, err
+		return store.Site{}, err
 	}
-	site.Approval = ApprovalAuto
+	site.Approval = store.ApprovalAuto
 	if !auto {
-		site.Approval = ApprovalManual
+		site.Approval = store.ApprovalManual
 	}
 	if proxy.Valid {
 		site.HTTPProxy = new(protocol.HTTPProxySection)
 		if err := json.Unmarshal([]byte(proxy.String), site.HTTPProxy); err != nil {
-			return Site{}, fmt.Errorf("site %s: http_proxy: %w", site.Name, err)
+			return store.Site{}, fmt.Errorf("site %s: http_proxy: %w", site.Name, err)
 		}
 	}
 	site.CreatedAt, site.UpdatedAt = fromMS(created), fromMS(updated)
 	return site, nil
 }
 
-func (s *sqliteStore) CreateSite(ctx context.Context, site Site) error {
+func (s *sqliteStore) CreateSite(ctx context.Context, site store.Site) error {
 	proxy, err := proxyJSON(site.HTTPProxy)
 	if err != nil {
 		return err
@@ -45,7 +46,7 @@ func (s *sqliteStore) CreateSite(ctx context.Context, site Site) error {
 	_, err = s.w.ExecContext(ctx, `INSERT INTO sites (name, auto_approve, http_proxy, spec_revision, created_at, updated_at)
 		VALUES (?, ?, ?, 1, ?, ?)`, site.Name, !site.ManualApproval(), proxy, ms(site.CreatedAt), ms(site.CreatedAt))
 	if isConstraint(err) {
-		return fmt.Errorf("store: site %q: %w", site.Name, ErrExists)
+		return fmt.Errorf("store: site %q: %w", site.Name, store.ErrExists)
 	}
 	return wrap("create site", err)
 }
@@ -61,18 +62,18 @@ func proxyJSON(p *protocol.HTTPProxySection) (any, error) {
 	return string(b), nil
 }
 
-func (s *sqliteStore) GetSite(ctx context.Context, name string) (Site, error) {
+func (s *sqliteStore) GetSite(ctx context.Context, name string) (store.Site, error) {
 	site, err := scanSite(s.r.QueryRowContext(ctx, `SELECT `+siteColumns+` FROM sites WHERE name = ?`, name))
 	return site, wrap(fmt.Sprintf("site %q", name), err)
 }
 
-func (s *sqliteStore) ListSites(ctx context.Context) ([]Site, error) {
+func (s *sqliteStore) ListSites(ctx context.Context) ([]store.Site, error) {
 	rows, err := s.r.QueryContext(ctx, `SELECT `+siteColumns+` FROM sites ORDER BY name`)
 	if err != nil {
 		return nil, wrap("list sites", err)
 	}
 	defer rows.Close()
-	var out []Site
+	var out []store.Site
 	for rows.Next() {
 		site, err := scanSite(rows)
 		if err != nil {
@@ -83,12 +84,12 @@ func (s *sqliteStore) ListSites(ctx context.Context) ([]Site, error) {
 	return out, wrap("list sites", rows.Err())
 }
 
-func (s *sqliteStore) SetSiteHTTPProxy(ctx context.Context, name string, p *protocol.HTTPProxySection, at time.Time) (Site, error) {
+func (s *sqliteStore) SetSiteHTTPProxy(ctx context.Context, name string, p *protocol.HTTPProxySection, at time.Time) (store.Site, error) {
 	proxy, err := proxyJSON(p)
 	if err != nil {
-		return Site{}, err
+		return store.Site{}, err
 	}
-	var site Site
+	var site store.Site
 	err = s.tx(ctx, func(tx *sql.Tx) error {
 		res, err := tx.ExecContext(ctx, `UPDATE sites SET http_proxy = ?, spec_revision = spec_revision + 1, updated_at = ?
 			WHERE name = ?`, proxy, ms(at), name)
@@ -96,7 +97,7 @@ func (s *sqliteStore) SetSiteHTTPProxy(ctx context.Context, name string, p *prot
 			return err
 		}
 		if n, err := rowsAffected(res); err != nil || n != 1 {
-			return errors.Join(err, ErrNotFound)
+			return errors.Join(err, store.ErrNotFound)
 		}
 		site, err = scanSite(tx.QueryRowContext(ctx, `SELECT `+siteColumns+` FROM sites WHERE name = ?`, name))
 		return err

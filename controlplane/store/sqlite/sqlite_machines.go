@@ -1,4 +1,4 @@
-package store
+package sqlite
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/controlplane/token"
 	"github.com/better-compute/bcd/protocol"
 )
@@ -17,16 +18,16 @@ const machineColumns = `id, name, site, boot_mode, bmc_address, bmc_port, bmc_us
 	last_boot_at, created_at, updated_at, firmware, deployment, boot_override, bound_ramdisk, bound_node, bind_seq, bind_applied,
 	(SELECT group_concat(mac, ',' ORDER BY rowid) FROM machine_macs WHERE machine_id = machines.id)`
 
-func scanMachine(sc interface{ Scan(...any) error }) (Machine, error) {
-	var m Machine
+func scanMachine(sc interface{ Scan(...any) error }) (store.Machine, error) {
+	var m store.Machine
 	var name, inventory, macs sql.NullString
-	var bmc MachineBMC
+	var bmc store.MachineBMC
 	var stateChanged, inventoryAt, lastBoot, created, updated sql.NullInt64
 	if err := sc.Scan(&m.ID, &name, &m.Site, &m.BootMode, &bmc.Address, &bmc.Port, &bmc.Username, &bmc.Password, &bmc.CipherSuite,
 		&m.State, &m.StateReason, &stateChanged, &m.RamdiskNode, &m.Node, &inventory, &inventoryAt, &m.Approved,
 		&m.LastBootStage, &lastBoot, &created, &updated, &m.Firmware, &m.Deployment, &m.BootOverride, &m.BoundRamdisk, &m.BoundNode,
 		&m.BindSeq, &m.BindApplied, &macs); err != nil {
-		return Machine{}, err
+		return store.Machine{}, err
 	}
 	m.Name = name.String
 	if bmc.Address != "" {
@@ -50,20 +51,20 @@ func nullString(s string) any {
 	return s
 }
 
-func bmcColumns(b *MachineBMC) []any {
+func bmcColumns(b *store.MachineBMC) []any {
 	if b == nil {
 		return []any{"", 0, "", "", 0}
 	}
 	return []any{b.Address, b.Port, b.Username, b.Password, b.CipherSuite}
 }
 
-func (s *sqliteStore) CreateMachine(ctx context.Context, m Machine) error {
+func (s *sqliteStore) CreateMachine(ctx context.Context, m store.Machine) error {
 	return wrap("create machine "+m.ID, s.tx(ctx, func(tx *sql.Tx) error {
 		if m.Name != "" {
 			var other string
 			err := tx.QueryRowContext(ctx, `SELECT id FROM machines WHERE site = ? AND name = ?`, m.Site, m.Name).Scan(&other)
 			if err == nil {
-				return &ConflictError{Value: m.Name, Machine: other, Err: ErrNameTaken}
+				return &store.ConflictError{Value: m.Name, Machine: other, Err: store.ErrNameTaken}
 			}
 			if !errors.Is(err, sql.ErrNoRows) {
 				return err
@@ -72,7 +73,7 @@ func (s *sqliteStore) CreateMachine(ctx context.Context, m Machine) error {
 		args := append([]any{m.ID, nullString(m.Name), m.Site, m.BootOverride}, bmcColumns(m.BMC)...)
 		firmware := m.Firmware
 		if firmware == "" {
-			firmware = FirmwareBIOS
+			firmware = store.FirmwareBIOS
 		}
 		args = append(args, m.State, m.StateReason, ms(m.StateChangedAt), m.Approved, ms(m.CreatedAt), ms(m.UpdatedAt), firmware)
 		_, err := tx.ExecContext(ctx, `INSERT INTO machines (id, name, site, boot_override, bmc_address, bmc_port, bmc_username,
@@ -80,9 +81,9 @@ func (s *sqliteStore) CreateMachine(ctx context.Context, m Machine) error {
 			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, args...)
 		switch {
 		case isForeignKey(err):
-			return fmt.Errorf("site %q: %w", m.Site, ErrNotFound)
+			return fmt.Errorf("site %q: %w", m.Site, store.ErrNotFound)
 		case isConstraint(err):
-			return fmt.Errorf("machine %s: %w", m.ID, ErrExists)
+			return fmt.Errorf("machine %s: %w", m.ID, store.ErrExists)
 		case err != nil:
 			return err
 		}
@@ -90,14 +91,14 @@ func (s *sqliteStore) CreateMachine(ctx context.Context, m Machine) error {
 			var other string
 			err := tx.QueryRowContext(ctx, `SELECT machine_id FROM machine_macs WHERE mac = ?`, mac).Scan(&other)
 			if err == nil {
-				return &ConflictError{Value: mac, Machine: other, Err: ErrMACTaken}
+				return &store.ConflictError{Value: mac, Machine: other, Err: store.ErrMACTaken}
 			}
 			if !errors.Is(err, sql.ErrNoRows) {
 				return err
 			}
 			if _, err := tx.ExecContext(ctx, `INSERT INTO machine_macs (mac, machine_id) VALUES (?, ?)`, mac, m.ID); err != nil {
 				if isConstraint(err) {
-					return &ConflictError{Value: mac, Err: ErrMACTaken}
+					return &store.ConflictError{Value: mac, Err: store.ErrMACTaken}
 				}
 				return err
 			}
@@ -105,29 +106,29 @@ func (s *sqliteStore) CreateMachine(ctx context.Context, m Machine) error {
 		if err := bumpSpec(ctx, tx, m.Site, m.CreatedAt); err != nil {
 			return err
 		}
-		return addMachineEvent(ctx, tx, MachineEvent{MachineID: m.ID, Time: m.CreatedAt, Kind: protocol.MachineEventAdded,
+		return addMachineEvent(ctx, tx, store.MachineEvent{MachineID: m.ID, Time: m.CreatedAt, Kind: protocol.MachineEventAdded,
 			Message: "added to site " + m.Site + " with " + strings.Join(m.MACs, ", ")})
 	}))
 }
 
-func (s *sqliteStore) GetMachine(ctx context.Context, id string) (Machine, error) {
+func (s *sqliteStore) GetMachine(ctx context.Context, id string) (store.Machine, error) {
 	m, err := scanMachine(s.r.QueryRowContext(ctx, `SELECT `+machineColumns+` FROM machines WHERE id = ?`, id))
 	return m, wrap("machine "+id, err)
 }
 
-func (s *sqliteStore) FindMachineByMAC(ctx context.Context, mac string) (Machine, error) {
+func (s *sqliteStore) FindMachineByMAC(ctx context.Context, mac string) (store.Machine, error) {
 	m, err := scanMachine(s.r.QueryRowContext(ctx, `SELECT `+machineColumns+` FROM machines
 		WHERE id = (SELECT machine_id FROM machine_macs WHERE mac = ?)`, mac))
 	return m, wrap("machine with MAC "+mac, err)
 }
 
-func (s *sqliteStore) queryMachines(ctx context.Context, op, where string, args ...any) ([]Machine, error) {
+func (s *sqliteStore) queryMachines(ctx context.Context, op, where string, args ...any) ([]store.Machine, error) {
 	rows, err := s.r.QueryContext(ctx, `SELECT `+machineColumns+` FROM machines `+where+` ORDER BY created_at, id`, args...)
 	if err != nil {
 		return nil, wrap(op, err)
 	}
 	defer rows.Close()
-	var out []Machine
+	var out []store.Machine
 	for rows.Next() {
 		m, err := scanMachine(rows)
 		if err != nil {
@@ -138,19 +139,19 @@ func (s *sqliteStore) queryMachines(ctx context.Context, op, where string, args 
 	return out, wrap(op, rows.Err())
 }
 
-func (s *sqliteStore) FindMachinesByName(ctx context.Context, name string) ([]Machine, error) {
+func (s *sqliteStore) FindMachinesByName(ctx context.Context, name string) ([]store.Machine, error) {
 	return s.queryMachines(ctx, "machines named "+name, `WHERE name = ?`, name)
 }
 
-func (s *sqliteStore) ListMachines(ctx context.Context, site string) ([]Machine, error) {
+func (s *sqliteStore) ListMachines(ctx context.Context, site string) ([]store.Machine, error) {
 	if site == "" {
 		return s.queryMachines(ctx, "list machines", "")
 	}
 	return s.queryMachines(ctx, "list machines of "+site, `WHERE site = ?`, site)
 }
 
-func (s *sqliteStore) UpdateMachine(ctx context.Context, id string, u MachineUpdate) (Machine, error) {
-	var m Machine
+func (s *sqliteStore) UpdateMachine(ctx context.Context, id string, u store.MachineUpdate) (store.Machine, error) {
+	var m store.Machine
 	err := s.tx(ctx, func(tx *sql.Tx) error {
 		var err error
 		if m, err = scanMachine(tx.QueryRowContext(ctx, `SELECT `+machineColumns+` FROM machines WHERE id = ?`, id)); err != nil {
@@ -212,7 +213,7 @@ func (s *sqliteStore) UpdateMachine(ctx context.Context, id string, u MachineUpd
 
 // checkIdle refuses (*BusyError) when m's deployment has not finished,
 // within tx.
-func checkIdle(ctx context.Context, tx *sql.Tx, m Machine) error {
+func checkIdle(ctx context.Context, tx *sql.Tx, m store.Machine) error {
 	if m.Deployment == "" {
 		return nil
 	}
@@ -224,7 +225,7 @@ func checkIdle(ctx context.Context, tx *sql.Tx, m Machine) error {
 	case err != nil:
 		return err
 	case !finished.Valid:
-		return &BusyError{Machine: m.ID, State: m.State, Deployment: m.Deployment}
+		return &store.BusyError{Machine: m.ID, State: m.State, Deployment: m.Deployment}
 	}
 	return nil
 }
@@ -261,8 +262,8 @@ func (s *sqliteStore) DeleteMachine(ctx context.Context, id string, ifIdle bool)
 	}))
 }
 
-func (s *sqliteStore) AdoptBindings(ctx context.Context, id string, ch StatusChange) (Machine, error) {
-	var m Machine
+func (s *sqliteStore) AdoptBindings(ctx context.Context, id string, ch store.StatusChange) (store.Machine, error) {
+	var m store.Machine
 	err := s.tx(ctx, func(tx *sql.Tx) error {
 		if err := adoptBindings(ctx, tx, id, ch); err != nil {
 			return err
@@ -277,7 +278,7 @@ func (s *sqliteStore) AdoptBindings(ctx context.Context, id string, ch StatusCha
 // adoptBindings writes the lifecycle's adoption of the bindings up to
 // ch.BindSeq into the machine's status, within tx: ErrConflict when another
 // binding came meanwhile.
-func adoptBindings(ctx context.Context, tx *sql.Tx, id string, ch StatusChange) error {
+func adoptBindings(ctx context.Context, tx *sql.Tx, id string, ch store.StatusChange) error {
 	res, err := tx.ExecContext(ctx, `UPDATE machines SET ramdisk_node = ?, node = ?, bind_applied = ?, updated_at = ?
 		WHERE id = ? AND bind_seq = ?`, ch.RamdiskNode, ch.Node, ch.BindSeq, ms(ch.At), id, ch.BindSeq)
 	if err != nil {
@@ -290,10 +291,10 @@ func adoptBindings(ctx context.Context, tx *sql.Tx, id string, ch StatusChange) 
 	if err := tx.QueryRowContext(ctx, `SELECT 1 FROM machines WHERE id = ?`, id).Scan(&one); err != nil {
 		return err
 	}
-	return ErrConflict
+	return store.ErrConflict
 }
 
-func (s *sqliteStore) RecordBoot(ctx context.Context, site, mac, stage string, ev MachineEvent) (string, error) {
+func (s *sqliteStore) RecordBoot(ctx context.Context, site, mac, stage string, ev store.MachineEvent) (string, error) {
 	var id string
 	err := s.tx(ctx, func(tx *sql.Tx) error {
 		err := tx.QueryRowContext(ctx, `SELECT m.id FROM machines m JOIN machine_macs a ON a.machine_id = m.id
@@ -312,17 +313,17 @@ func (s *sqliteStore) RecordBoot(ctx context.Context, site, mac, stage string, e
 	return id, wrap("record boot of "+mac, err)
 }
 
-func addMachineEvent(ctx context.Context, tx *sql.Tx, e MachineEvent) error {
+func addMachineEvent(ctx context.Context, tx *sql.Tx, e store.MachineEvent) error {
 	_, err := tx.ExecContext(ctx, `INSERT INTO machine_events (machine_id, time, kind, message, node_id, command_id, data)
 		VALUES (?, ?, ?, ?, ?, ?, ?)`, e.MachineID, e.Time.UnixMilli(), e.Kind, e.Message, e.NodeID, e.CommandID, nullJSON(e.Data))
 	return err
 }
 
-func (s *sqliteStore) AddMachineEvent(ctx context.Context, e MachineEvent) error {
+func (s *sqliteStore) AddMachineEvent(ctx context.Context, e store.MachineEvent) error {
 	return wrap("add machine event", s.tx(ctx, func(tx *sql.Tx) error { return addMachineEvent(ctx, tx, e) }))
 }
 
-func (s *sqliteStore) MachineEvents(ctx context.Context, machineID string, limit int) ([]MachineEvent, error) {
+func (s *sqliteStore) MachineEvents(ctx context.Context, machineID string, limit int) ([]store.MachineEvent, error) {
 	if limit <= 0 {
 		limit = 1000
 	}
@@ -332,9 +333,9 @@ func (s *sqliteStore) MachineEvents(ctx context.Context, machineID string, limit
 		return nil, wrap("machine events", err)
 	}
 	defer rows.Close()
-	var out []MachineEvent
+	var out []store.MachineEvent
 	for rows.Next() {
-		var e MachineEvent
+		var e store.MachineEvent
 		var at int64
 		var data sql.NullString
 		if err := rows.Scan(&e.ID, &e.MachineID, &at, &e.Kind, &e.Message, &e.NodeID, &e.CommandID, &data); err != nil {
@@ -355,23 +356,23 @@ const nonceKeep = 24 * time.Hour
 
 const nonceColumns = `hash, mac, site, site_node, machine_id, created_at, expires_at, csr_sha256, deferred_at, used_at, used_by`
 
-func scanNonce(sc interface{ Scan(...any) error }) (BootNonce, error) {
-	var n BootNonce
+func scanNonce(sc interface{ Scan(...any) error }) (store.BootNonce, error) {
+	var n store.BootNonce
 	var hash []byte
 	var created, expires, deferred, used sql.NullInt64
 	if err := sc.Scan(&hash, &n.MAC, &n.Site, &n.SiteNode, &n.MachineID, &created, &expires, &n.CSRSHA256, &deferred,
 		&used, &n.UsedBy); err != nil {
-		return BootNonce{}, err
+		return store.BootNonce{}, err
 	}
 	if len(hash) != len(n.Hash) {
-		return BootNonce{}, fmt.Errorf("boot nonce hash is %d bytes, want %d", len(hash), len(n.Hash))
+		return store.BootNonce{}, fmt.Errorf("boot nonce hash is %d bytes, want %d", len(hash), len(n.Hash))
 	}
 	copy(n.Hash[:], hash)
 	n.CreatedAt, n.ExpiresAt, n.DeferredAt, n.UsedAt = fromMS(created), fromMS(expires), fromMS(deferred), fromMS(used)
 	return n, nil
 }
 
-func (s *sqliteStore) AddBootNonce(ctx context.Context, n BootNonce) (bool, error) {
+func (s *sqliteStore) AddBootNonce(ctx context.Context, n store.BootNonce) (bool, error) {
 	added := false
 	err := s.tx(ctx, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, `DELETE FROM boot_nonces WHERE expires_at < ?`, n.CreatedAt.Add(-nonceKeep).UnixMilli()); err != nil {
@@ -390,7 +391,7 @@ func (s *sqliteStore) AddBootNonce(ctx context.Context, n BootNonce) (bool, erro
 	return added, wrap("add boot nonce", err)
 }
 
-func (s *sqliteStore) GetBootNonce(ctx context.Context, h token.Hash) (BootNonce, error) {
+func (s *sqliteStore) GetBootNonce(ctx context.Context, h token.Hash) (store.BootNonce, error) {
 	n, err := scanNonce(s.r.QueryRowContext(ctx, `SELECT `+nonceColumns+` FROM boot_nonces WHERE hash = ?`, h[:]))
 	return n, wrap("boot nonce", err)
 }
@@ -403,11 +404,11 @@ func (s *sqliteStore) DeferBootNonce(ctx context.Context, h token.Hash, csrSHA25
 		case err != nil:
 			return err
 		case !n.UsedAt.IsZero():
-			return ErrNonceUsed
+			return store.ErrNonceUsed
 		case n.CSRSHA256 == csrSHA256:
 			return nil
 		case n.CSRSHA256 != "":
-			return ErrNonceClaimed
+			return store.ErrNonceClaimed
 		}
 		first = true
 		_, err = tx.ExecContext(ctx, `UPDATE boot_nonces SET csr_sha256 = ?, deferred_at = ? WHERE hash = ?`, csrSHA256, ms(at), h[:])
@@ -430,7 +431,7 @@ func consumeNonce(ctx context.Context, tx *sql.Tx, h token.Hash, nodeID string, 
 	if err := tx.QueryRowContext(ctx, `SELECT 1 FROM boot_nonces WHERE hash = ?`, h[:]).Scan(&one); err != nil {
 		return err
 	}
-	return ErrNonceUsed
+	return store.ErrNonceUsed
 }
 
 // bindMachine records a joined node's binding to its machine, within tx: an
@@ -440,13 +441,13 @@ func consumeNonce(ctx context.Context, tx *sql.Tx, h token.Hash, nodeID string, 
 // that is gone refuses it (ErrNoMachine). An installed OS's node becomes
 // the machine's bound node and retires the ramdisk that installed it; a
 // machine deleted meanwhile does not stop that join.
-func bindMachine(ctx context.Context, tx *sql.Tx, a Admission) error {
+func bindMachine(ctx context.Context, tx *sql.Tx, a store.Admission) error {
 	n := a.Node
 	var ramdisk, installed string
 	err := tx.QueryRowContext(ctx, `SELECT bound_ramdisk, bound_node FROM machines WHERE id = ?`, a.Machine).Scan(&ramdisk, &installed)
 	switch {
 	case errors.Is(err, sql.ErrNoRows) && n.Role == "ramdisk":
-		return fmt.Errorf("machine %s: %w", a.Machine, ErrNoMachine)
+		return fmt.Errorf("machine %s: %w", a.Machine, store.ErrNoMachine)
 	case errors.Is(err, sql.ErrNoRows):
 		return nil
 	case err != nil:
@@ -476,11 +477,11 @@ func bindMachine(ctx context.Context, tx *sql.Tx, a Admission) error {
 				continue
 			}
 			if err := deleteNode(ctx, tx, old, a.Now, "the machine's installed OS joined"); err != nil &&
-				!errors.Is(err, ErrNodeDeleted) && !errors.Is(err, sql.ErrNoRows) {
+				!errors.Is(err, store.ErrNodeDeleted) && !errors.Is(err, sql.ErrNoRows) {
 				return err
 			}
 		}
 	}
-	return addMachineEvent(ctx, tx, MachineEvent{MachineID: a.Machine, Time: a.Now, Kind: MachineEventJoin,
+	return addMachineEvent(ctx, tx, store.MachineEvent{MachineID: a.Machine, Time: a.Now, Kind: store.MachineEventJoin,
 		Message: "the " + what + " joined as node " + n.ID, NodeID: n.ID})
 }

@@ -1,4 +1,4 @@
-package store
+package sqlite
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/better-compute/bcd/controlplane/store"
 
 	_ "modernc.org/sqlite" // the pure Go SQLite driver, registered as "sqlite"
 )
@@ -244,17 +246,17 @@ type sqliteStore struct {
 	w, r *sql.DB
 }
 
-// OpenSQLite opens (creating when missing) the database DBFile in dir, which
+// Open opens (creating when missing) the database DBFile in dir, which
 // is created 0700 when it does not exist, and brings its schema up to date.
-func OpenSQLite(dir string) (Store, error) {
+func Open(dir string) (store.Store, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("store: data directory: %w", err)
 	}
-	return OpenSQLiteFile(filepath.Join(dir, DBFile))
+	return OpenFile(filepath.Join(dir, DBFile))
 }
 
-// OpenSQLiteFile opens the database at path.
-func OpenSQLiteFile(path string) (Store, error) {
+// OpenFile opens the database at path.
+func OpenFile(path string) (store.Store, error) {
 	if strings.ContainsAny(path, "?#") {
 		return nil, fmt.Errorf("store: database path %q: ? and # are not allowed", path)
 	}
@@ -371,7 +373,7 @@ func wrap(op string, err error) error {
 		return nil
 	}
 	if errors.Is(err, sql.ErrNoRows) {
-		return fmt.Errorf("store: %s: %w", op, ErrNotFound)
+		return fmt.Errorf("store: %s: %w", op, store.ErrNotFound)
 	}
 	return fmt.Errorf("store: %s: %w", op, err)
 }
