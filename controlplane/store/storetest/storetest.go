@@ -41,6 +41,8 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"CommandsOnTheMachineTimeline", testCommandsOnTheMachineTimeline},
 		{"Deployments", testDeployments},
 		{"FindMachineByNodeAndRetire", testFindMachineByNodeAndRetire},
+		{"BusyMachineRefusesSpecChanges", testBusyMachineRefusesSpecChanges},
+		{"BindingsAreObservations", testBindingsAreObservations},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := open(t)
