@@ -2,7 +2,9 @@
 // and the gateway in one process, on an embedded SQLite store in the data
 // directory. Server wires them; the pieces live in the subpackages:
 //
-//	store      the Store interfaces and the SQLite implementation
+//	store      the Store interfaces, records and errors, no SQL;
+//	           store/sqlite implements them (what serve runs on),
+//	           store/storetest is the suite every implementation passes
 //	join       the JoinService and its attestors (join-token, provisioned,
 //	           discovery)
 //	gateway    POST /v1/join and the /v1/session WebSockets

@@ -23,5 +23,6 @@
 // "state" event, and the commands, tokens and events it makes at once
 // (StartDeployment, AdvanceDeployment), and a write from a stale version of
 // a deployment is ErrConflict. Times are kept at least to the millisecond
-// and come back in UTC.
+// and come back in UTC. store/storetest checks all of it through these
+// interfaces alone; every implementation runs it (storetest.Run).
 package store
