@@ -24,6 +24,9 @@ deps:
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	@# go.mod and go.sum as go mod tidy leaves them: a direct import marked indirect
+	@# (or a dependency nothing imports) fails here, not in a later review.
+	@$(GO) mod tidy -diff >/dev/null || { echo "go mod tidy would change go.mod/go.sum (run go mod tidy; go mod tidy -diff shows what):"; $(GO) mod tidy -diff; exit 1; }
 	$(GO) vet ./...
 	$(GO) vet -tags fakehw ./...
 	$(GO) vet -tags e2edebian ./testbed

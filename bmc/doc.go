@@ -6,12 +6,13 @@
 // over go-plugin's gRPC, bmc/pluginhost starts, verifies and supervises plugins, and
 // bmc/sandbox confines them. Nothing outside those packages sees gRPC.
 //
+// The command kinds bmc.power, bmc.bootdev and bmc.inventory are decoded by the
+// site agent (site/bmcexec.go), which calls a Driver: this package knows no
+// command or wire vocabulary beyond the bmc_hosts section it stores.
+//
 // The BMCs and their credentials come from the site's desired state (the bmc_hosts
 // section) and are kept by Store in bmc-hosts.json under data_dir, mode 0600.
 // Passwords travel only inside Host values, whose Password is a Secret: formatting
 // or logging one prints "[redacted]", so a password reaches no log line or error
 // message, and no process's argv (the plugin receives it over its gRPC channel).
-//
-// Executor maps the site command kinds bmc.power, bmc.bootdev and bmc.inventory
-// (protocol.BMCPowerParams and friends) onto a Driver and the Store.
 package bmc

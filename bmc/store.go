@@ -72,7 +72,7 @@ func OpenStore(dataDir string) (*Store, error) {
 	}
 	var hf hostsFile
 	if err := json.Unmarshal(b, &hf); err != nil {
-		return nil, fmt.Errorf("bmc hosts: %s: %w", s.path, jsonError(err))
+		return nil, fmt.Errorf("bmc hosts: %s: %w", s.path, JSONError(err))
 	}
 	if hf.Version != hostsFileVersion {
 		return nil, fmt.Errorf("bmc hosts: %s has version %d, this bcd reads version %d", s.path, hf.Version, hostsFileVersion)
@@ -95,7 +95,7 @@ func ParseHostsSection(raw []byte) (protocol.BMCHostsSection, error) {
 		return sec, fmt.Errorf("bmc_hosts: section is larger than %d bytes", MaxHostsSize)
 	}
 	if err := json.Unmarshal(raw, &sec); err != nil {
-		return protocol.BMCHostsSection{}, fmt.Errorf("bmc_hosts: %w", jsonError(err))
+		return protocol.BMCHostsSection{}, fmt.Errorf("bmc_hosts: %w", JSONError(err))
 	}
 	if err := sec.Validate(); err != nil {
 		return protocol.BMCHostsSection{}, fmt.Errorf("bmc_hosts: %w", err)
@@ -103,9 +103,10 @@ func ParseHostsSection(raw []byte) (protocol.BMCHostsSection, error) {
 	return sec, nil
 }
 
-// jsonError describes a decoding error without quoting the input: a syntax
-// error's message can carry a character of a password.
-func jsonError(err error) error {
+// JSONError describes a decoding error without quoting the input: a syntax
+// error's message can carry a character of a password. The site agent's decoding
+// of bmc.* params uses it too, so every BMC-related decode error reads the same.
+func JSONError(err error) error {
 	var se *json.SyntaxError
 	var ute *json.UnmarshalTypeError
 	switch {

@@ -12,15 +12,16 @@ import (
 	"github.com/insomniacslk/dhcp/dhcpv4"
 )
 
-// captures is where the testbed's packet captures are; only UPDATE_TESTDATA=1 reads
-// them, to refresh testdata/dhcp.
-const captures = "/work/shared/captures"
+// captures holds the testbed's packet captures (testdata/captures/README.md), kept
+// in the repository so that no test reads a path outside it; only
+// UPDATE_TESTDATA=1 reads them, to refresh testdata/dhcp.
+var captures = filepath.Join("testdata", "captures")
 
 // goldenRequest is one DHCP request of real firmware, captured in the QEMU testbed
-// (captures/README.md) and kept in testdata/dhcp as its UDP payload.
+// (testdata/captures/README.md) and kept in testdata/dhcp as its UDP payload.
 type goldenRequest struct {
 	file    string // under testdata/dhcp
-	capture string // pcap file under captures
+	capture string // pcap file under testdata/captures
 	index   int    // UDP record in it
 	src     string // where it came from
 	pxePort bool   // sent to 4011

@@ -22,4 +22,8 @@
 // The proxyDHCP never hands out an address (yiaddr is always 0) and stays silent for
 // a client that is not PXE or whose MAC has no entry, so it coexists with the
 // network's own DHCP server.
+//
+// The TFTP server is bcd's own sender (tftp.go, tftp_proto.go; one epoll loop on
+// Linux), not a library's: pin/tftp/v3 is only the client the tests and the
+// benchmarks fetch with, and the guard test keeps it out of the bcd binary.
 package boot

@@ -24,7 +24,7 @@ const noPluginsReason = "this site agent has no [plugins] section: BMC commands 
 func (s *Site) setupBMC() (closeFn func()) {
 	switch {
 	case s.BMCDrivers != nil:
-		s.bmcExec = &bmc.Executor{Hosts: s.bmcHosts, Drivers: s.BMCDrivers}
+		s.bmcExec = &bmcExecutor{Hosts: s.bmcHosts, Drivers: s.BMCDrivers}
 		return func() {}
 	case s.Config.Plugins == nil:
 		return func() {}
@@ -38,7 +38,7 @@ func (s *Site) setupBMC() (closeFn func()) {
 	for driver, plugin := range pluginFor {
 		drivers[driver] = &lazyDriver{host: host, plugin: plugin, startErr: startErr}
 	}
-	s.bmcExec = &bmc.Executor{Hosts: s.bmcHosts, Drivers: drivers}
+	s.bmcExec = &bmcExecutor{Hosts: s.bmcHosts, Drivers: drivers}
 	return func() {
 		if err := host.Close(); err != nil {
 			s.log.Warn("stopping the BMC plugins", "error", err.Error())
@@ -55,9 +55,9 @@ func (s *Site) runBMC(ctx context.Context, cmd protocol.Command, report func(pro
 		return err
 	}
 	res, err := s.bmcExec.Run(ctx, cmd.Kind, cmd.Params)
-	var f *bmc.Failure
+	var f *bmcFailure
 	switch {
-	case errors.Is(err, bmc.ErrUnknownKind):
+	case errors.Is(err, errNotBMCKind):
 		return report(protocol.Status{State: protocol.StateUnsupported, Reason: agent.ReasonUnsupported, Message: err.Error()})
 	case errors.As(err, &f):
 		return report(protocol.Status{State: protocol.StateFailed, Reason: f.Reason, Message: f.Err.Error()})

@@ -14,9 +14,10 @@
 //     every ramdisk command line as bcd.proxy (server_ip replaces an unspecified
 //     listen host).
 //   - bmc_hosts (protocol.BMCHostsSection): the BMCs, kept by bmc.Store. The
-//     bmc.power, bmc.bootdev and bmc.inventory commands run through bmc.Executor
-//     on the bcx-ipmi plugin of [plugins] dir (bmc/pluginhost: verified against
-//     the pins file, sandboxed, supervised), started on the first command. A
+//     bmc.power, bmc.bootdev and bmc.inventory commands are decoded here
+//     (bmcexec.go) and run on a bmc.Driver: the bcx-ipmi plugin of [plugins] dir
+//     (bmc/pluginhost: verified against the pins file, sandboxed, supervised),
+//     started on the first command. A
 //     plugin that cannot run fails the command with PluginFailed and the reason;
 //     without a [plugins] section the bmc.* kinds answer UNSUPPORTED.
 //

@@ -62,7 +62,7 @@ type Site struct {
 	table    boot.MemTable
 	machines atomic.Pointer[map[string]string]
 	bmcHosts *bmc.Store
-	bmcExec  *bmc.Executor
+	bmcExec  *bmcExecutor
 	boot     *bootServers
 	proxy    proxyRunner
 

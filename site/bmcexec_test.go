@@ -1,57 +1,63 @@
-package bmc
+package site
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/better-compute/bcd/bmc"
 	"github.com/better-compute/bcd/protocol"
 )
+
+// bmcSection is the bmc_hosts section the executor tests apply.
+var bmcSection = protocol.BMCHostsSection{Hosts: []protocol.BMCHost{
+	{Machine: "m-2", Address: "10.0.0.12", Username: "ADMIN", Password: "Sup3r-s3cret!", CipherSuite: 17},
+	{Machine: "m-1", Address: "bmc-1.example.net", Port: 6230, Username: "admin", Password: "Sup3r-s3cret!", Driver: "ipmi", CipherSuite: 3},
+}}
 
 // recorder is a Driver that records its calls and fails with err.
 type recorder struct {
 	calls []string
-	power PowerState
+	power bmc.PowerState
 	err   error
 }
 
-func (r *recorder) rec(op string, h Host) error {
+func (r *recorder) rec(op string, h bmc.Host) error {
 	r.calls = append(r.calls, op+" "+h.Name)
 	return r.err
 }
-func (r *recorder) PowerStatus(_ context.Context, h Host) (PowerState, error) {
+func (r *recorder) PowerStatus(_ context.Context, h bmc.Host) (bmc.PowerState, error) {
 	return r.power, r.rec("status", h)
 }
-func (r *recorder) PowerOn(_ context.Context, h Host) error    { return r.rec("on", h) }
-func (r *recorder) PowerOff(_ context.Context, h Host) error   { return r.rec("off", h) }
-func (r *recorder) PowerCycle(_ context.Context, h Host) error { return r.rec("cycle", h) }
-func (r *recorder) PowerReset(_ context.Context, h Host) error { return r.rec("reset", h) }
-func (r *recorder) SetBootDevice(_ context.Context, h Host, d BootDevice) error {
+func (r *recorder) PowerOn(_ context.Context, h bmc.Host) error    { return r.rec("on", h) }
+func (r *recorder) PowerOff(_ context.Context, h bmc.Host) error   { return r.rec("off", h) }
+func (r *recorder) PowerCycle(_ context.Context, h bmc.Host) error { return r.rec("cycle", h) }
+func (r *recorder) PowerReset(_ context.Context, h bmc.Host) error { return r.rec("reset", h) }
+func (r *recorder) SetBootDevice(_ context.Context, h bmc.Host, d bmc.BootDevice) error {
 	return r.rec(fmt.Sprintf("bootdev %s efi=%v persistent=%v", d.Device, d.EFI, d.Persistent), h)
 }
-func (r *recorder) Inventory(_ context.Context, h Host) (Inventory, error) {
-	return Inventory{Power: PowerOn, ManufacturerID: 4753, SystemGUID: "g"}, r.rec("inventory", h)
+func (r *recorder) Inventory(_ context.Context, h bmc.Host) (bmc.Inventory, error) {
+	return bmc.Inventory{Power: bmc.PowerOn, ManufacturerID: 4753, SystemGUID: "g"}, r.rec("inventory", h)
 }
 
-func executor(t *testing.T, d Driver) *Executor {
-	s, err := OpenStore(t.TempDir())
+func executor(t *testing.T, d bmc.Driver) *bmcExecutor {
+	s, err := bmc.OpenStore(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Apply(section); err != nil {
+	if err := s.Apply(bmcSection); err != nil {
 		t.Fatal(err)
 	}
-	return &Executor{Hosts: s, Drivers: map[string]Driver{protocol.BMCDriverIPMI: d}}
+	return &bmcExecutor{Hosts: s, Drivers: map[string]bmc.Driver{protocol.BMCDriverIPMI: d}}
 }
 
 func TestExecutorRunsKinds(t *testing.T) {
-	r := &recorder{power: PowerOff}
+	r := &recorder{power: bmc.PowerOff}
 	e := executor(t, r)
 	ctx := context.Background()
 	for _, c := range []struct {
@@ -91,60 +97,24 @@ func TestExecutorFailures(t *testing.T) {
 		{"bad device", protocol.KindBMCBootdev, `{"machine":"m-1","device":"floppy"}`, nil, protocol.ReasonInvalidParams, `device "floppy"`},
 		{"params not an object", protocol.KindBMCPower, `[1]`, nil, protocol.ReasonInvalidParams, "bmc.power params"},
 		{"no params", protocol.KindBMCInventory, ``, nil, protocol.ReasonInvalidParams, "machine"},
-		{"unreachable", protocol.KindBMCPower, `{"machine":"m-1","action":"on"}`, Errorf(KindUnreachable, "no answer"), protocol.ReasonBMCUnreachable, "no answer"},
-		{"auth", protocol.KindBMCPower, `{"machine":"m-1","action":"on"}`, Errorf(KindAuth, "refused"), protocol.ReasonBMCAuth, "refused"},
-		{"plugin", protocol.KindBMCBootdev, `{"machine":"m-1","device":"disk"}`, Errorf(KindPlugin, "plugin died"), protocol.ReasonPluginFailed, "plugin died"},
-		{"bmc", protocol.KindBMCInventory, `{"machine":"m-1"}`, Errorf(KindBMC, "completion code"), protocol.ReasonBMCError, "completion code"},
+		{"unreachable", protocol.KindBMCPower, `{"machine":"m-1","action":"on"}`, bmc.Errorf(bmc.KindUnreachable, "no answer"), protocol.ReasonBMCUnreachable, "no answer"},
+		{"auth", protocol.KindBMCPower, `{"machine":"m-1","action":"on"}`, bmc.Errorf(bmc.KindAuth, "refused"), protocol.ReasonBMCAuth, "refused"},
+		{"plugin", protocol.KindBMCBootdev, `{"machine":"m-1","device":"disk"}`, bmc.Errorf(bmc.KindPlugin, "plugin died"), protocol.ReasonPluginFailed, "plugin died"},
+		{"bmc", protocol.KindBMCInventory, `{"machine":"m-1"}`, bmc.Errorf(bmc.KindBMC, "completion code"), protocol.ReasonBMCError, "completion code"},
 	} {
 		e := executor(t, &recorder{err: c.driverErr})
 		_, err := e.Run(ctx, c.kind, json.RawMessage(c.params))
-		var f *Failure
+		var f *bmcFailure
 		if !errors.As(err, &f) || f.Reason != c.reason || !strings.Contains(err.Error(), c.msg) {
 			t.Errorf("%s: %v, want reason %s and %q", c.name, err, c.reason, c.msg)
 		}
 	}
 	e := executor(t, &recorder{})
-	if _, err := e.Run(ctx, protocol.KindDeployImage, nil); !errors.Is(err, ErrUnknownKind) {
+	if _, err := e.Run(ctx, protocol.KindDeployImage, nil); !errors.Is(err, errNotBMCKind) {
 		t.Errorf("a ramdisk kind: %v", err)
 	}
 	e.Drivers = nil
 	if _, err := e.Run(ctx, protocol.KindBMCPower, json.RawMessage(`{"machine":"m-1","action":"on"}`)); err == nil || !strings.Contains(err.Error(), `no driver "ipmi"`) {
 		t.Errorf("no driver: %v", err)
-	}
-}
-
-func TestErrorKinds(t *testing.T) {
-	cause := errors.New("cause")
-	err := Errorf(KindAuth, "login of %s: %w", "admin", cause)
-	if KindOf(err) != KindAuth || !errors.Is(err, cause) || err.Error() != "login of admin: cause" {
-		t.Errorf("Errorf: %v kind %s", err, KindOf(err))
-	}
-	if KindOf(fmt.Errorf("wrapped: %w", err)) != KindAuth {
-		t.Error("the kind is lost when wrapped")
-	}
-	if KindOf(nil) != "" || KindOf(errors.New("x")) != KindInternal {
-		t.Error("KindOf of nil or a plain error")
-	}
-}
-
-func TestSecretNeverPrints(t *testing.T) {
-	h := Host{Name: "m-1", Address: "10.0.0.1", Username: "admin", Password: secret}
-	var b strings.Builder
-	for _, f := range []string{"%v", "%+v", "%#v", "%s", "%q", "%x", "%X", "%d"} {
-		fmt.Fprintf(&b, f+" ", h)
-		fmt.Fprintf(&b, f+" ", h.Password)
-		fmt.Fprintf(&b, f+" ", &h)
-		fmt.Fprintf(&b, f+" ", []Host{h})
-		fmt.Fprintf(&b, f+" ", map[string]Host{"a": h})
-	}
-	slog.New(slog.NewJSONHandler(&b, nil)).Info("x", "host", h, "password", h.Password, "hosts", []Host{h})
-	slog.New(slog.NewTextHandler(&b, nil)).Info("x", "host", h, "password", h.Password)
-	for _, s := range []string{secret, fmt.Sprintf("%x", secret), fmt.Sprintf("%X", secret)} {
-		if strings.Contains(b.String(), s) {
-			t.Fatalf("formatting shows the password: %s", b.String())
-		}
-	}
-	if h.Addr() != "10.0.0.1:623" || h.String() != "m-1 (10.0.0.1:623)" {
-		t.Errorf("Addr %q String %q", h.Addr(), h.String())
 	}
 }
