@@ -3,7 +3,6 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"strings"
 	"text/tabwriter"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/better-compute/bcd/controlplane/api"
 	"github.com/better-compute/bcd/internal/cli"
+	"github.com/better-compute/bcd/internal/secretfile"
 )
 
 // envBMCPassword is where machines add and set-bmc read a BMC password
@@ -87,27 +87,9 @@ func bmcPassword(file string) (*string, error) {
 		}
 		return nil, nil
 	}
-	f, err := os.Open(file)
+	b, err := secretfile.Read(file, secretfile.Options{Limit: maxPasswordFile, Private: true, What: "the password"})
 	if err != nil {
 		return nil, fmt.Errorf("--bmc-password-file: %w", err)
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("--bmc-password-file: %w", err)
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("--bmc-password-file %s: not a regular file", file)
-	}
-	if fi.Mode().Perm()&0o077 != 0 {
-		return nil, fmt.Errorf("--bmc-password-file %s: mode %04o lets others read the password; chmod 600 %s", file, fi.Mode().Perm(), file)
-	}
-	b, err := io.ReadAll(io.LimitReader(f, maxPasswordFile+1))
-	if err != nil {
-		return nil, fmt.Errorf("--bmc-password-file: %w", err)
-	}
-	if len(b) > maxPasswordFile {
-		return nil, fmt.Errorf("--bmc-password-file %s: larger than %d bytes", file, maxPasswordFile)
 	}
 	// Only the line end an editor adds: spaces may be part of a password.
 	pw := strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
