@@ -387,7 +387,7 @@ func (c *Controller) Deploy(ctx context.Context, m store.Machine, spec store.Dep
 	t := c.timeouts()
 	d := store.Deployment{ID: ids.New(ids.PrefixDeployment, now), MachineID: m.ID, Spec: spec, RamdiskNode: m.RamdiskNode}
 	p := &plan{c: c, m: m, d: d, now: now}
-	image := redactURL(spec.Image.URL)
+	image := protocol.RedactURL(spec.Image.URL)
 	ramdisk, err := c.liveRamdisk(ctx, m.RamdiskNode)
 	switch {
 	case err != nil:

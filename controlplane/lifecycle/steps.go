@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/url"
 	"time"
 
 	"github.com/better-compute/bcd/controlplane/ids"
@@ -357,7 +356,7 @@ func (p *plan) startDeploy(why string) error {
 	d.Step, d.Deadline = StepDeploy, p.now.Add(t.Deploy)
 	p.command(d.RamdiskNode, protocol.KindDeployImage, params)
 	reason := fmt.Sprintf("deploy.image %s to ramdisk node %s (attempt %d); the installed OS will join as node %s",
-		redactURL(d.Spec.Image.URL), d.RamdiskNode, d.DeployAttempts, nodeID)
+		protocol.RedactURL(d.Spec.Image.URL), d.RamdiskNode, d.DeployAttempts, nodeID)
 	if why != "" {
 		reason = why + "; " + reason
 	}
@@ -616,14 +615,4 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
-}
-
-// redactURL drops what may hold a secret from an image URL (userinfo, query,
-// fragment) before it reaches a timeline or a log.
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(unparsable URL)"
-	}
-	return (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String()
 }
