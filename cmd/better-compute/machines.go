@@ -12,6 +12,7 @@ import (
 
 	"github.com/better-compute/bcd/controlplane/api"
 	"github.com/better-compute/bcd/internal/cli"
+	"github.com/better-compute/bcd/internal/human"
 	"github.com/better-compute/bcd/internal/secretfile"
 )
 
@@ -427,9 +428,9 @@ func eventDetail(msg string, data json.RawMessage) string {
 		p := d.Progress
 		switch {
 		case p.Unit == "bytes" && p.Total > 0 && p.Rate > 0:
-			msg += fmt.Sprintf(" (%s of %s, %d%%, %.1f MB/s)", size(p.Done), size(p.Total), p.Done*100/p.Total, p.Rate/1e6)
+			msg += fmt.Sprintf(" (%s of %s, %d%%, %.1f MB/s)", human.Size(p.Done), human.Size(p.Total), p.Done*100/p.Total, p.Rate/1e6)
 		case p.Unit == "bytes" && p.Total > 0:
-			msg += fmt.Sprintf(" (%s of %s, %d%%)", size(p.Done), size(p.Total), p.Done*100/p.Total)
+			msg += fmt.Sprintf(" (%s of %s, %d%%)", human.Size(p.Done), human.Size(p.Total), p.Done*100/p.Total)
 		case p.Total > 0:
 			msg += fmt.Sprintf(" (%d of %d %s)", p.Done, p.Total, p.Unit)
 		default:
@@ -437,19 +438,6 @@ func eventDetail(msg string, data json.RawMessage) string {
 		}
 	}
 	return dash(msg)
-}
-
-func size(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
 
 func newMachinesDeleteCmd(af *apiFlags) *cobra.Command {

@@ -12,6 +12,7 @@ import (
 	"github.com/better-compute/bcd/controlplane/httpjson"
 	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/controlplane/token"
+	"github.com/better-compute/bcd/internal/human"
 	"github.com/better-compute/bcd/protocol"
 )
 
@@ -218,13 +219,6 @@ func checkName(what, v string) error {
 	return nil
 }
 
-func short(s string) string {
-	if len(s) > 80 {
-		return s[:80] + "…"
-	}
-	return s
-}
-
 func (s *Server) specChanged(site string) {
 	if s.Notifier != nil {
 		s.Notifier.SpecChanged(site)
@@ -234,3 +228,6 @@ func (s *Server) specChanged(site string) {
 func decode(r *http.Request, v any) error {
 	return httpjson.Decode(r.Body, MaxBodySize, v)
 }
+
+// short cuts a value quoted back in an error; human owns how.
+func short(s string) string { return human.ShortN(s, 80) }

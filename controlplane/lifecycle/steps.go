@@ -11,6 +11,7 @@ import (
 	"github.com/better-compute/bcd/controlplane/machines"
 	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/controlplane/token"
+	"github.com/better-compute/bcd/internal/human"
 	"github.com/better-compute/bcd/protocol"
 )
 
@@ -584,7 +585,7 @@ func reasonOf(c store.Command) string {
 func deploySummary(r protocol.DeployImageResult) (string, map[string]any) {
 	data := map[string]any{"disk": r.Disk, "bytes_written": r.BytesWritten, "bytes_received": r.BytesReceived,
 		"duration_ms": r.DurationMS, "after": r.After}
-	msg := fmt.Sprintf("wrote %s to %s", size(r.BytesWritten), orDash(r.Disk))
+	msg := fmt.Sprintf("wrote %s to %s", human.Size(r.BytesWritten), orDash(r.Disk))
 	if r.DurationMS > 0 {
 		secs := float64(r.DurationMS) / 1000
 		rate := float64(r.BytesWritten) / 1e6 / secs
@@ -595,19 +596,6 @@ func deploySummary(r protocol.DeployImageResult) (string, map[string]any) {
 		msg += "; after: " + r.After
 	}
 	return msg, data
-}
-
-func size(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
 
 func orDash(s string) string {
