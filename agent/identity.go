@@ -9,12 +9,12 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
 
+	"github.com/better-compute/bcd/internal/secretfile"
 	"github.com/better-compute/bcd/pki"
 	"github.com/better-compute/bcd/protocol"
 )
@@ -253,28 +253,8 @@ func SaveIdentity(dataDir string, id *Identity, key *ecdsa.PrivateKey) error {
 
 // readLimited reads a regular file of at most limit bytes. private refuses a file
 // group or others can access: a key that has been readable is treated as leaked.
+// The data directory's files are bcd's own, written in place, so a symbolic link
+// there is refused rather than followed.
 func readLimited(path string, limit int64, private bool) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s is not a regular file", path)
-	}
-	if private && fi.Mode().Perm()&0o077 != 0 {
-		return nil, fmt.Errorf("%s has mode %04o: group or others can access the node key; want 0600", path, fi.Mode().Perm())
-	}
-	data, err := io.ReadAll(io.LimitReader(f, limit+1))
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", path, err)
-	}
-	if int64(len(data)) > limit {
-		return nil, fmt.Errorf("%s is over the %d-byte limit", path, limit)
-	}
-	return data, nil
+	return secretfile.Read(path, secretfile.Options{Limit: limit, Private: private, What: "the node key", NoFollow: true})
 }

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/better-compute/bcd/internal/secretfile"
 	"github.com/better-compute/bcd/pki"
 	"github.com/better-compute/bcd/protocol"
 )
@@ -45,30 +46,12 @@ type Store struct {
 // that has been readable must be treated as leaked.
 func OpenStore(dataDir string) (*Store, error) {
 	s := &Store{path: filepath.Join(dataDir, HostsFile), hosts: map[string]protocol.BMCHost{}}
-	f, err := os.Open(s.path)
+	b, err := secretfile.Read(s.path, secretfile.Options{Limit: MaxHostsSize, Private: true, What: "BMC passwords (treat them as leaked)", NoFollow: true})
 	if errors.Is(err, fs.ErrNotExist) {
 		return s, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("bmc hosts: %w", err)
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("bmc hosts: %w", err)
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("bmc hosts: %s is not a regular file", s.path)
-	}
-	if fi.Mode().Perm()&0o077 != 0 {
-		return nil, fmt.Errorf("bmc hosts: %s has mode %04o: it holds BMC passwords and must be 0600 (treat them as leaked)", s.path, fi.Mode().Perm())
-	}
-	b, err := io.ReadAll(io.LimitReader(f, MaxHostsSize+1))
-	if err != nil {
-		return nil, fmt.Errorf("bmc hosts: read %s: %w", s.path, err)
-	}
-	if len(b) > MaxHostsSize {
-		return nil, fmt.Errorf("bmc hosts: %s is larger than %d bytes", s.path, MaxHostsSize)
 	}
 	var hf hostsFile
 	if err := json.Unmarshal(b, &hf); err != nil {

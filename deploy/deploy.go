@@ -215,7 +215,7 @@ func (d *Deployer) Deploy(ctx context.Context, p protocol.DeployImageParams, pro
 	}
 	rep := &reporter{fn: progress, total: imageSize, start: start, every: every}
 	rep.setStage(StageSelect)
-	log := d.log().With("url", redactURL(img.URL))
+	log := d.log().With("url", protocol.RedactURL(img.URL))
 
 	path, disk, block, err := d.selectTarget(p.Target, imageSize)
 	if err != nil {
@@ -266,7 +266,7 @@ func (d *Deployer) Deploy(ctx context.Context, p protocol.DeployImageParams, pro
 	}
 	streamErr := func(reason, problem string, cause error) error {
 		st := src.state()
-		return &Error{Reason: reason, Err: &StreamError{URL: redactURL(img.URL), Problem: problem,
+		return &Error{Reason: reason, Err: &StreamError{URL: protocol.RedactURL(img.URL), Problem: problem,
 			ExpectedSHA256: img.SHA256, ActualSHA256: st.sum, Received: st.hashed, ExpectedSize: img.Size, Err: cause}}
 	}
 	if len(magic) > 0 {
@@ -410,7 +410,7 @@ func (d *Deployer) Deploy(ctx context.Context, p protocol.DeployImageParams, pro
 func (d *Deployer) policy(p *protocol.DeployImageParams) error {
 	u, _ := url.Parse(p.Image.URL)
 	if u.Scheme == "http" && !d.AllowHTTP {
-		return failf(reasonInvalid, "image %s: http is not allowed here, want https", redactURL(p.Image.URL))
+		return failf(reasonInvalid, "image %s: http is not allowed here, want https", protocol.RedactURL(p.Image.URL))
 	}
 	if p.Image.Format == protocol.FormatQCOW2 {
 		return failf(reasonNotImplemented, "qcow2 not implemented")

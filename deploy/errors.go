@@ -87,15 +87,6 @@ func (e *StreamError) Error() string {
 
 func (e *StreamError) Unwrap() error { return e.Err }
 
-// redactURL drops what may hold a secret (userinfo, query, fragment) from a URL.
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(unparsable URL)"
-	}
-	return (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String()
-}
-
 // stripURLError unwraps net/http's *url.Error, whose message repeats the whole URL
 // with its query.
 func stripURLError(err error) error {

@@ -473,7 +473,7 @@ func (d *Deployer) fetch(ctx context.Context, p *protocol.DeployImageParams) (*h
 	img := p.Image
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, img.URL, nil)
 	if err != nil {
-		return nil, failf(reasonInvalid, "image.url %s: %v", redactURL(img.URL), stripURLError(err))
+		return nil, failf(reasonInvalid, "image.url %s: %v", protocol.RedactURL(img.URL), stripURLError(err))
 	}
 	// The digest covers the bytes as served: a transparent gzip would change them.
 	req.Header.Set("Accept-Encoding", "identity")
@@ -489,17 +489,17 @@ func (d *Deployer) fetch(ctx context.Context, p *protocol.DeployImageParams) (*h
 	resp, err := client.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil, &Error{Reason: reasonCancelled, Err: fmt.Errorf("deploy: image %s: %w", redactURL(img.URL), ctx.Err())}
+			return nil, &Error{Reason: reasonCancelled, Err: fmt.Errorf("deploy: image %s: %w", protocol.RedactURL(img.URL), ctx.Err())}
 		}
-		return nil, failf(reasonDownload, "image %s: %v", redactURL(img.URL), stripURLError(err))
+		return nil, failf(reasonDownload, "image %s: %v", protocol.RedactURL(img.URL), stripURLError(err))
 	}
 	if resp.StatusCode != http.StatusOK {
 		resp.Body.Close()
-		return nil, failf(reasonDownload, "image %s: HTTP %s", redactURL(img.URL), resp.Status)
+		return nil, failf(reasonDownload, "image %s: HTTP %s", protocol.RedactURL(img.URL), resp.Status)
 	}
 	if resp.ContentLength >= 0 && resp.ContentLength != img.Size {
 		resp.Body.Close()
-		return nil, &Error{Reason: reasonSize, Err: &StreamError{URL: redactURL(img.URL), Problem: "size mismatch",
+		return nil, &Error{Reason: reasonSize, Err: &StreamError{URL: protocol.RedactURL(img.URL), Problem: "size mismatch",
 			ExpectedSHA256: img.SHA256, ExpectedSize: img.Size,
 			Err: fmt.Errorf("the server announces %d bytes, expected %d", resp.ContentLength, img.Size)}}
 	}

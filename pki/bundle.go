@@ -11,6 +11,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/better-compute/bcd/internal/human"
 )
 
 // Files of a bundle directory.
@@ -404,7 +406,7 @@ func parsePublic(data []byte) (*Public, error) {
 	}
 	p.JoinEncryptionJWK = compact.Bytes()
 	if got := CertPin(p.servingCA); got != p.ServingCASPKIPin {
-		return nil, fmt.Errorf("serving_ca_spki_pin %q is not the pin of serving_ca_pem (%s)", short(p.ServingCASPKIPin), got)
+		return nil, fmt.Errorf("serving_ca_spki_pin %q is not the pin of serving_ca_pem (%s)", human.ShortN(p.ServingCASPKIPin, 80), got)
 	}
 	if err := MatchPin(p.JoinSigningKeyPin, p.joinSigning); err != nil {
 		return nil, fmt.Errorf("join_signing_key_pin: %w", err)

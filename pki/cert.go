@@ -18,6 +18,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/better-compute/bcd/internal/human"
 )
 
 const (
@@ -117,7 +119,7 @@ func (b *Bundle) IssueServingCert(hosts []string, ttl time.Duration) (tls.Certif
 	for _, h := range hosts {
 		if ip, err := netip.ParseAddr(h); err == nil {
 			if ip.Zone() != "" {
-				return tls.Certificate{}, fmt.Errorf("serving certificate: host %q: an IP with a zone cannot be certified", short(h))
+				return tls.Certificate{}, fmt.Errorf("serving certificate: host %q: an IP with a zone cannot be certified", human.ShortN(h, 80))
 			}
 			ips = append(ips, net.IP(ip.AsSlice()))
 			continue
@@ -179,11 +181,11 @@ func commonName(host string) string {
 func checkHostname(name string) error {
 	rest := strings.TrimPrefix(name, "*.")
 	if rest == "" || len(rest) > 253 {
-		return fmt.Errorf("host %q: not a DNS name or IP address", short(name))
+		return fmt.Errorf("host %q: not a DNS name or IP address", human.ShortN(name, 80))
 	}
 	for _, l := range strings.Split(rest, ".") {
 		if !dnsLabelRE.MatchString(l) {
-			return fmt.Errorf("host %q: not a DNS name or IP address", short(name))
+			return fmt.Errorf("host %q: not a DNS name or IP address", human.ShortN(name, 80))
 		}
 	}
 	return nil

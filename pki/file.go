@@ -7,7 +7,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"runtime"
+
+	"github.com/better-compute/bcd/internal/secretfile"
 )
 
 // WriteFileAtomic replaces path with data so that a reader, or a crash, sees
@@ -73,37 +74,9 @@ func syncDir(dir string) error {
 
 // readFile reads a regular file of at most limit bytes. When private is set it
 // also refuses a file that group or others may access: a key that has been
-// readable by others must be treated as leaked, and failing loudly gets it
-// fixed (or rotated) instead of used.
+// readable by others must be treated as leaked.
 func readFile(path string, limit int64, private bool) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	// Stat the open file, not the path, so the checks apply to what is read.
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s: not a regular file", path)
-	}
-	if private && runtime.GOOS != "windows" && fi.Mode().Perm()&0o077 != 0 {
-		return nil, fmt.Errorf("%s: mode %04o lets group or others access a private key; want 0600 (chmod 600 %s)",
-			path, fi.Mode().Perm(), path)
-	}
-	if fi.Size() > limit {
-		return nil, fmt.Errorf("%s: larger than %d bytes", path, limit)
-	}
-	data, err := io.ReadAll(io.LimitReader(f, limit+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(data)) > limit {
-		return nil, fmt.Errorf("%s: larger than %d bytes", path, limit)
-	}
-	return data, nil
+	return secretfile.Read(path, secretfile.Options{Limit: limit, Private: private, What: "a private key"})
 }
 
 // isEmptyDir reports whether dir has no entries.

@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	jose "github.com/go-jose/go-jose/v4"
+
+	"github.com/better-compute/bcd/internal/human"
 )
 
 // The only algorithms bcd produces or accepts. Fixing them, instead of
@@ -271,7 +273,7 @@ func (h header) want(name, value string) error {
 		return fmt.Errorf("header %q is not a string, want %q", name, value)
 	}
 	if got != value {
-		return fmt.Errorf("header %q is %q, want %q", name, short(got), value)
+		return fmt.Errorf("header %q is %q, want %q", name, human.ShortN(got, 80), value)
 	}
 	return nil
 }

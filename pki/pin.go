@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/better-compute/bcd/internal/human"
 )
 
 // PinPrefix starts every pin. It names the hash so that another one could be
@@ -56,19 +58,19 @@ func ParsePin(s string) ([32]byte, error) {
 	var out [32]byte
 	b64, ok := strings.CutPrefix(s, PinPrefix)
 	if !ok {
-		return out, fmt.Errorf("pin %q does not start with %q", short(s), PinPrefix)
+		return out, fmt.Errorf("pin %q does not start with %q", human.ShortN(s, 80), PinPrefix)
 	}
 	raw, err := base64.StdEncoding.Strict().DecodeString(b64)
 	if err != nil {
-		return out, fmt.Errorf("pin %q: not standard base64: %w", short(s), err)
+		return out, fmt.Errorf("pin %q: not standard base64: %w", human.ShortN(s, 80), err)
 	}
 	// DecodeString skips \r and \n; re-encoding catches those and any other
 	// non-canonical spelling.
 	if base64.StdEncoding.EncodeToString(raw) != b64 {
-		return out, fmt.Errorf("pin %q: not canonical standard base64", short(s))
+		return out, fmt.Errorf("pin %q: not canonical standard base64", human.ShortN(s, 80))
 	}
 	if len(raw) != len(out) {
-		return out, fmt.Errorf("pin %q: %d bytes, want a 32-byte SHA-256", short(s), len(raw))
+		return out, fmt.Errorf("pin %q: %d bytes, want a 32-byte SHA-256", human.ShortN(s, 80), len(raw))
 	}
 	copy(out[:], raw)
 	return out, nil

@@ -15,6 +15,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/better-compute/bcd/internal/human"
 )
 
 // ManifestFile is the name of the signed manifest inside a release directory.
@@ -122,10 +124,10 @@ func SameVersion(a, b string) bool {
 // before it compares anything.
 func (r *Release) Validate() error {
 	if !productRE.MatchString(r.Product) {
-		return fmt.Errorf("release product %q: want [a-z0-9-], at most 63 characters", short(r.Product))
+		return fmt.Errorf("release product %q: want [a-z0-9-], at most 63 characters", human.ShortN(r.Product, 80))
 	}
 	if !versionRE.MatchString(r.Version) {
-		return fmt.Errorf("release version %q is not a semantic version", short(r.Version))
+		return fmt.Errorf("release version %q is not a semantic version", human.ShortN(r.Version, 80))
 	}
 	if r.Sequence < 1 {
 		return fmt.Errorf("release sequence %d: want 1 or more", r.Sequence)
@@ -141,7 +143,7 @@ func (r *Release) Validate() error {
 	}
 	for i, a := range r.Artifacts {
 		if !artifactRE.MatchString(a.Name) || a.Name == ManifestFile {
-			return fmt.Errorf("artifact %d: name %q is not a plain file name", i, short(a.Name))
+			return fmt.Errorf("artifact %d: name %q is not a plain file name", i, human.ShortN(a.Name, 80))
 		}
 		if i > 0 && r.Artifacts[i-1].Name >= a.Name {
 			return fmt.Errorf("artifact %q: artifacts must be sorted by name, each once", a.Name)

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+
+	"github.com/better-compute/bcd/internal/human"
 )
 
 // DefaultTrustDomain is the trust domain of a bundle made without one.
@@ -29,11 +31,11 @@ var (
 // of every SPIFFE ID and the URI name constraint of the node CA.
 func ValidateTrustDomain(td string) error {
 	if td == "" || len(td) > 253 {
-		return fmt.Errorf("trust domain %q: want a DNS name of 1 to 253 characters", short(td))
+		return fmt.Errorf("trust domain %q: want a DNS name of 1 to 253 characters", human.ShortN(td, 80))
 	}
 	for _, l := range strings.Split(td, ".") {
 		if !dnsLabelRE.MatchString(l) {
-			return fmt.Errorf("trust domain %q: want a lower-case DNS name (labels of a-z, 0-9 and inner -)", short(td))
+			return fmt.Errorf("trust domain %q: want a lower-case DNS name (labels of a-z, 0-9 and inner -)", human.ShortN(td, 80))
 		}
 	}
 	return nil
@@ -45,14 +47,14 @@ func ValidateRole(role string) error {
 	case RoleNode, RoleSite, RoleRamdisk:
 		return nil
 	}
-	return fmt.Errorf("role %q: want node, site or ramdisk", short(role))
+	return fmt.Errorf("role %q: want node, site or ramdisk", human.ShortN(role, 80))
 }
 
 // ValidateNodeID accepts 1 to 64 characters of [a-z0-9_-]: a node ID becomes a
 // path segment of a URI and a file and log name, so it is kept plain.
 func ValidateNodeID(id string) error {
 	if !nodeIDRE.MatchString(id) {
-		return fmt.Errorf("node id %q: want 1 to 64 characters of a-z, 0-9, _ and -", short(id))
+		return fmt.Errorf("node id %q: want 1 to 64 characters of a-z, 0-9, _ and -", human.ShortN(id, 80))
 	}
 	return nil
 }
@@ -69,11 +71,11 @@ func SPIFFEID(trustDomain, role, nodeID string) string {
 func ParseSPIFFEID(uri string) (trustDomain, role, nodeID string, err error) {
 	rest, ok := strings.CutPrefix(uri, spiffeScheme)
 	if !ok {
-		return "", "", "", fmt.Errorf("SPIFFE ID %q: want %s<trust-domain>/<role>/<node-id>", short(uri), spiffeScheme)
+		return "", "", "", fmt.Errorf("SPIFFE ID %q: want %s<trust-domain>/<role>/<node-id>", human.ShortN(uri, 80), spiffeScheme)
 	}
 	parts := strings.Split(rest, "/")
 	if len(parts) != 3 {
-		return "", "", "", fmt.Errorf("SPIFFE ID %q: want %s<trust-domain>/<role>/<node-id>", short(uri), spiffeScheme)
+		return "", "", "", fmt.Errorf("SPIFFE ID %q: want %s<trust-domain>/<role>/<node-id>", human.ShortN(uri, 80), spiffeScheme)
 	}
 	if err := ValidateTrustDomain(parts[0]); err != nil {
 		return "", "", "", fmt.Errorf("SPIFFE ID: %w", err)
@@ -88,10 +90,3 @@ func ParseSPIFFEID(uri string) (trustDomain, role, nodeID string, err error) {
 }
 
 // short keeps error messages readable when the input is long or hostile.
-func short(s string) string {
-	const max = 80
-	if len(s) <= max {
-		return s
-	}
-	return s[:max] + "..."
-}

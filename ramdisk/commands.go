@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/url"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -126,7 +125,7 @@ func (a *Agent) runDeploy(ctx context.Context, cmd protocol.Command, report repo
 	if err := p.Validate(); err != nil {
 		return failed(report, protocol.DeployReasonInvalid, "deploy.image params: %v", err)
 	}
-	img := redact(p.Image.URL)
+	img := protocol.RedactURL(p.Image.URL)
 	if err := report(protocol.Status{State: protocol.StateRunning, Reason: ReasonDeploying,
 		Message: "deploying " + img}); err != nil {
 		return err
@@ -351,15 +350,6 @@ func (a *Agent) handOver(ctx context.Context, report reportFunc, st protocol.Sta
 	}
 	a.finish()
 	return nil
-}
-
-// redact drops what may hold a secret from a URL: userinfo, query and fragment.
-func redact(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(unparsable URL)"
-	}
-	return (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String()
 }
 
 func firstLine(s string) string {

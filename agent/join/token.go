@@ -11,6 +11,7 @@ import (
 	"syscall"
 
 	"github.com/better-compute/bcd/agent"
+	"github.com/better-compute/bcd/internal/secretfile"
 )
 
 // MaxTokenSize bounds a join token from any source. A bcjt_ token is well under
@@ -122,19 +123,18 @@ func ReadTokenFile(path string) (string, error) {
 		return "", fmt.Errorf("--token-file %s: %w", path, err)
 	}
 	defer f.Close()
-	fi, err := f.Stat()
+	// checkTokenFile's refusals name the flag and path already; the rest are
+	// secretfile's, which name the path.
+	var refused error
+	data, err := secretfile.ReadFrom(f, path, secretfile.Options{Limit: MaxTokenSize, Check: func(fi fs.FileInfo) error {
+		refused = checkTokenFile(path, fi)
+		return refused
+	}})
 	if err != nil {
-		return "", fmt.Errorf("--token-file %s: %w", path, err)
-	}
-	if err := checkTokenFile(path, fi); err != nil {
-		return "", err
-	}
-	data, err := io.ReadAll(io.LimitReader(f, MaxTokenSize+1))
-	if err != nil {
-		return "", fmt.Errorf("--token-file %s: %w", path, err)
-	}
-	if len(data) > MaxTokenSize {
-		return "", fmt.Errorf("--token-file %s: larger than %d bytes; a join token file holds one short line", path, MaxTokenSize)
+		if err == refused {
+			return "", err
+		}
+		return "", fmt.Errorf("--token-file: %w", err)
 	}
 	tok, err := ParseToken(data)
 	if err != nil {

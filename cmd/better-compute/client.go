@@ -13,6 +13,7 @@ import (
 
 	"github.com/better-compute/bcd/controlplane/client"
 	"github.com/better-compute/bcd/internal/cli"
+	"github.com/better-compute/bcd/internal/secretfile"
 	"github.com/better-compute/bcd/pki"
 )
 
@@ -76,27 +77,9 @@ func (f *apiFlags) operatorToken() (string, error) {
 		}
 		return tok, nil
 	}
-	file, err := os.Open(f.tokenFile)
+	b, err := secretfile.Read(f.tokenFile, secretfile.Options{Limit: maxTokenFile, Private: true, What: "the operator token"})
 	if err != nil {
 		return "", fmt.Errorf("--token-file: %w", err)
-	}
-	defer file.Close()
-	fi, err := file.Stat()
-	if err != nil {
-		return "", fmt.Errorf("--token-file: %w", err)
-	}
-	if !fi.Mode().IsRegular() {
-		return "", fmt.Errorf("--token-file %s: not a regular file", f.tokenFile)
-	}
-	if fi.Mode().Perm()&0o077 != 0 {
-		return "", fmt.Errorf("--token-file %s: mode %04o lets others read the operator token; chmod 600 %s", f.tokenFile, fi.Mode().Perm(), f.tokenFile)
-	}
-	b, err := io.ReadAll(io.LimitReader(file, maxTokenFile+1))
-	if err != nil {
-		return "", fmt.Errorf("--token-file: %w", err)
-	}
-	if len(b) > maxTokenFile {
-		return "", fmt.Errorf("--token-file %s: larger than %d bytes", f.tokenFile, maxTokenFile)
 	}
 	tok := strings.TrimSpace(string(b))
 	if tok == "" {

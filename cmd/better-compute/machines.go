@@ -3,7 +3,6 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"strings"
 	"text/tabwriter"
@@ -13,6 +12,8 @@ import (
 
 	"github.com/better-compute/bcd/controlplane/api"
 	"github.com/better-compute/bcd/internal/cli"
+	"github.com/better-compute/bcd/internal/human"
+	"github.com/better-compute/bcd/internal/secretfile"
 )
 
 // envBMCPassword is where machines add and set-bmc read a BMC password
@@ -87,27 +88,9 @@ func bmcPassword(file string) (*string, error) {
 		}
 		return nil, nil
 	}
-	f, err := os.Open(file)
+	b, err := secretfile.Read(file, secretfile.Options{Limit: maxPasswordFile, Private: true, What: "the password"})
 	if err != nil {
 		return nil, fmt.Errorf("--bmc-password-file: %w", err)
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("--bmc-password-file: %w", err)
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("--bmc-password-file %s: not a regular file", file)
-	}
-	if fi.Mode().Perm()&0o077 != 0 {
-		return nil, fmt.Errorf("--bmc-password-file %s: mode %04o lets others read the password; chmod 600 %s", file, fi.Mode().Perm(), file)
-	}
-	b, err := io.ReadAll(io.LimitReader(f, maxPasswordFile+1))
-	if err != nil {
-		return nil, fmt.Errorf("--bmc-password-file: %w", err)
-	}
-	if len(b) > maxPasswordFile {
-		return nil, fmt.Errorf("--bmc-password-file %s: larger than %d bytes", file, maxPasswordFile)
 	}
 	// Only the line end an editor adds: spaces may be part of a password.
 	pw := strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
@@ -445,9 +428,9 @@ func eventDetail(msg string, data json.RawMessage) string {
 		p := d.Progress
 		switch {
 		case p.Unit == "bytes" && p.Total > 0 && p.Rate > 0:
-			msg += fmt.Sprintf(" (%s of %s, %d%%, %.1f MB/s)", size(p.Done), size(p.Total), p.Done*100/p.Total, p.Rate/1e6)
+			msg += fmt.Sprintf(" (%s of %s, %d%%, %.1f MB/s)", human.Size(p.Done), human.Size(p.Total), p.Done*100/p.Total, p.Rate/1e6)
 		case p.Unit == "bytes" && p.Total > 0:
-			msg += fmt.Sprintf(" (%s of %s, %d%%)", size(p.Done), size(p.Total), p.Done*100/p.Total)
+			msg += fmt.Sprintf(" (%s of %s, %d%%)", human.Size(p.Done), human.Size(p.Total), p.Done*100/p.Total)
 		case p.Total > 0:
 			msg += fmt.Sprintf(" (%d of %d %s)", p.Done, p.Total, p.Unit)
 		default:
@@ -455,19 +438,6 @@ func eventDetail(msg string, data json.RawMessage) string {
 		}
 	}
 	return dash(msg)
-}
-
-func size(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
 
 func newMachinesDeleteCmd(af *apiFlags) *cobra.Command {

@@ -13,6 +13,7 @@ import (
 	"github.com/better-compute/bcd/controlplane/machines"
 	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/controlplane/token"
+	"github.com/better-compute/bcd/internal/human"
 	"github.com/better-compute/bcd/protocol"
 )
 
@@ -213,13 +214,6 @@ func (s *Server) authorize(ctx context.Context, r *http.Request) error {
 
 func checkName(what, v string) error { return ids.CheckName(what, v) }
 
-func short(s string) string {
-	if len(s) > 80 {
-		return s[:80] + "…"
-	}
-	return s
-}
-
 func (s *Server) specChanged(site string) {
 	if s.Notifier != nil {
 		s.Notifier.SpecChanged(site)
@@ -229,3 +223,6 @@ func (s *Server) specChanged(site string) {
 func decode(r *http.Request, v any) error {
 	return httpjson.Decode(r.Body, MaxBodySize, v)
 }
+
+// short cuts a value quoted back in an error; human owns how.
+func short(s string) string { return human.ShortN(s, 80) }

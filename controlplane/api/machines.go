@@ -4,7 +4,6 @@ import (
 	"errors"
 	"net"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 
@@ -418,10 +417,6 @@ func (s *Server) setFirmware(w http.ResponseWriter, r *http.Request) error {
 // RedactDeployment returns d as the api shows it: the image URL without
 // userinfo, query or fragment, which may hold a credential.
 func RedactDeployment(d store.Deployment) store.Deployment {
-	if u, err := url.Parse(d.Spec.Image.URL); err == nil {
-		d.Spec.Image.URL = (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String()
-	} else {
-		d.Spec.Image.URL = ""
-	}
+	d.Spec.Image.URL = protocol.RedactURL(d.Spec.Image.URL)
 	return d
 }

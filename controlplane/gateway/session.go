@@ -15,6 +15,7 @@ import (
 
 	"github.com/better-compute/bcd/controlplane/httpjson"
 	"github.com/better-compute/bcd/controlplane/store"
+	"github.com/better-compute/bcd/internal/human"
 	"github.com/better-compute/bcd/pki"
 	"github.com/better-compute/bcd/protocol"
 )
@@ -285,7 +286,7 @@ func (ss *session) readHello() (protocol.Hello, error) {
 		return protocol.Hello{}, err
 	}
 	if f.Type != protocol.FrameHello {
-		return protocol.Hello{}, httpjson.Errorf(protocol.CodeInvalidInput, "the first frame must be %q, got %q", protocol.FrameHello, short(f.Type))
+		return protocol.Hello{}, httpjson.Errorf(protocol.CodeInvalidInput, "the first frame must be %q, got %q", protocol.FrameHello, human.Short(f.Type))
 	}
 	var h protocol.Hello
 	if err := f.Decode(&h); err != nil {
@@ -293,7 +294,7 @@ func (ss *session) readHello() (protocol.Hello, error) {
 	}
 	if h.NodeID != ss.nodeID || h.Role != ss.role {
 		return protocol.Hello{}, httpjson.Errorf(protocol.CodeUnauthenticated,
-			"hello says node %s role %s, the certificate says node %s role %s", short(h.NodeID), short(h.Role), ss.nodeID, ss.role)
+			"hello says node %s role %s, the certificate says node %s role %s", human.Short(h.NodeID), human.Short(h.Role), ss.nodeID, ss.role)
 	}
 	return h, nil
 }
@@ -354,7 +355,7 @@ func (ss *session) readLoop() {
 		default:
 			// A newer agent's frame this gateway does not know: ignore it
 			// rather than drop the session.
-			ss.log.Debug("session: ignoring a frame", "type", short(f.Type))
+			ss.log.Debug("session: ignoring a frame", "type", human.Short(f.Type))
 		}
 	}
 }
@@ -362,7 +363,7 @@ func (ss *session) readLoop() {
 func (ss *session) status(st protocol.Status) error {
 	if st.CommandID == "" || !protocol.Terminal(st.State) && st.State != protocol.StateRunning {
 		// Acknowledged all the same: replaying it would not make it valid.
-		ss.log.Warn("session: ignoring a malformed status", "command", short(st.CommandID), "state", short(st.State))
+		ss.log.Warn("session: ignoring a malformed status", "command", human.Short(st.CommandID), "state", human.Short(st.State))
 		return nil
 	}
 	var progress []byte
@@ -377,7 +378,7 @@ func (ss *session) status(st protocol.Status) error {
 		return err
 	}
 	if !ok {
-		ss.log.Info("session: status of an unknown or finished command", "command", short(st.CommandID), "state", st.State)
+		ss.log.Info("session: status of an unknown or finished command", "command", human.Short(st.CommandID), "state", st.State)
 		return nil
 	}
 	if ss.srv.Observer != nil {
@@ -609,11 +610,4 @@ func frame(typ string, v any) ([]byte, error) {
 		return nil, fmt.Errorf("gateway: encode %s frame: %w", typ, err)
 	}
 	return b, nil
-}
-
-func short(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "…"
-	}
-	return s
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/better-compute/bcd/controlplane/refusal"
+	"github.com/better-compute/bcd/internal/human"
 	"github.com/better-compute/bcd/protocol"
 )
 
@@ -91,10 +92,7 @@ func ValidName(v string) bool { return namePattern.MatchString(v) }
 // it cut short and naming what it is for.
 func CheckName(what, v string) error {
 	if !ValidName(v) {
-		if len(v) > 80 {
-			v = v[:80] + "…"
-		}
-		return refusal.New(protocol.CodeInvalidInput, "%s %q: want 1 to 63 characters of a-z, 0-9, _, . and -, starting with a letter or digit", what, v)
+		return refusal.New(protocol.CodeInvalidInput, "%s %q: want 1 to 63 characters of a-z, 0-9, _, . and -, starting with a letter or digit", what, human.ShortN(v, 80))
 	}
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/better-compute/bcd/controlplane/refusal"
 	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/controlplane/token"
+	"github.com/better-compute/bcd/internal/human"
 	"github.com/better-compute/bcd/protocol"
 )
 
@@ -52,7 +53,7 @@ func NewDiscoveryAttestor(st DiscoveryStore) Attestor {
 		req := r.Join
 		switch {
 		case req.Role != protocol.RoleRamdisk:
-			return Verdict{}, refuse(protocol.CodeWrongRole, "the %s attestor admits role %s only, not %s", protocol.AttestorDiscovery, protocol.RoleRamdisk, short(req.Role))
+			return Verdict{}, refuse(protocol.CodeWrongRole, "the %s attestor admits role %s only, not %s", protocol.AttestorDiscovery, protocol.RoleRamdisk, human.Short(req.Role))
 		case req.NodeID != "":
 			return Verdict{}, refuse(protocol.CodeInvalidInput, "node_id is for the %s attestor; a ramdisk gets a new node id at every boot", protocol.AttestorProvisioned)
 		case req.SealedToken != "":
@@ -106,7 +107,7 @@ func NewDiscoveryAttestor(st DiscoveryStore) Attestor {
 		case !claimsMAC(req.Claims, n.MAC):
 			return refused(protocol.CodeNonceWrongMAC, "the boot nonce was minted for another MAC than the %d in this join's claims.macs", len(req.Claims.MACs))
 		case req.Site != "" && req.Site != n.Site:
-			return refused(protocol.CodeWrongSite, "the boot nonce was minted by a site agent of site %s, the join says site %s", n.Site, short(req.Site))
+			return refused(protocol.CodeWrongSite, "the boot nonce was minted by a site agent of site %s, the join says site %s", n.Site, human.Short(req.Site))
 		case m.ID == "":
 			return Verdict{}, refuse(protocol.CodeMachineNotRegistered, "MAC %s is not a machine of site %s (better-compute machines add --site %s --mac %s)",
 				n.MAC, n.Site, n.Site, n.MAC)

@@ -19,6 +19,7 @@ import (
 	"github.com/better-compute/bcd/controlplane/refusal"
 	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/controlplane/token"
+	"github.com/better-compute/bcd/internal/human"
 	"github.com/better-compute/bcd/pki"
 	"github.com/better-compute/bcd/protocol"
 )
@@ -149,7 +150,7 @@ func (s *Service) Join(ctx context.Context, req *protocol.JoinRequest) (*protoco
 	}
 	a, ok := s.Attestors[req.Attestor]
 	if !ok {
-		return nil, refuse(protocol.CodeAttestorRefused, "attestor %q is not enabled on this control plane", short(req.Attestor))
+		return nil, refuse(protocol.CodeAttestorRefused, "attestor %q is not enabled on this control plane", human.Short(req.Attestor))
 	}
 	v, err := a.Attest(ctx, r)
 	if err != nil {
@@ -175,13 +176,13 @@ func (s *Service) check(req *protocol.JoinRequest) (*Request, error) {
 		return nil, refuse(protocol.CodeInvalidInput, "protocol_version %d: this control plane needs at least %d", req.ProtocolVersion, protocol.MinVersion)
 	}
 	if !protocol.ValidRole(req.Role) {
-		return nil, refuse(protocol.CodeInvalidInput, "role %q: want node, site or ramdisk", short(req.Role))
+		return nil, refuse(protocol.CodeInvalidInput, "role %q: want node, site or ramdisk", human.Short(req.Role))
 	}
 	if req.Attestor == "" {
 		return nil, refuse(protocol.CodeInvalidInput, "attestor is missing")
 	}
 	if req.NodeID != "" && !protocol.ValidNodeID(req.NodeID) {
-		return nil, refuse(protocol.CodeInvalidInput, "node_id %q is not a valid node id", short(req.NodeID))
+		return nil, refuse(protocol.CodeInvalidInput, "node_id %q is not a valid node id", human.Short(req.NodeID))
 	}
 	csr, err := pki.ParseCSRPEM([]byte(req.CSR))
 	if err != nil {
@@ -198,7 +199,7 @@ func (s *Service) check(req *protocol.JoinRequest) (*Request, error) {
 			return nil, refuse(protocol.CodeInvalidInput, "sealed_token: the sealed content is not a SealedToken")
 		}
 		if st.CSRSHA256 != r.CSRSHA256 {
-			return nil, refuse(protocol.CodeInvalidInput, "sealed_token is bound to another CSR (csr_sha256 %s, this CSR's is %s)", short(st.CSRSHA256), r.CSRSHA256)
+			return nil, refuse(protocol.CodeInvalidInput, "sealed_token is bound to another CSR (csr_sha256 %s, this CSR's is %s)", human.Short(st.CSRSHA256), r.CSRSHA256)
 		}
 		r.Token = st.Token
 	}
@@ -385,11 +386,4 @@ func EKSHA256(ek string) string {
 	}
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])
-}
-
-func short(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "…"
-	}
-	return s
 }

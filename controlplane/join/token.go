@@ -6,6 +6,7 @@ import (
 
 	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/controlplane/token"
+	"github.com/better-compute/bcd/internal/human"
 	"github.com/better-compute/bcd/protocol"
 )
 
@@ -88,7 +89,7 @@ func checkToken(ctx context.Context, tokens TokenStore, r *Request) (store.Token
 	case t.Role != r.Join.Role:
 		return t, refuse(protocol.CodeWrongRole, "join token %s is for role %s, not %s", id, t.Role, r.Join.Role)
 	case r.Join.Site != "" && t.Site != r.Join.Site:
-		return t, refuse(protocol.CodeWrongSite, "join token %s is for site %s, not %s", id, t.Site, short(r.Join.Site))
+		return t, refuse(protocol.CodeWrongSite, "join token %s is for site %s, not %s", id, t.Site, human.Short(r.Join.Site))
 	}
 	return t, nil
 }

@@ -391,7 +391,7 @@ func (c *Controller) Deploy(ctx context.Context, m store.Machine, spec store.Dep
 	p.adopt()
 	m = p.m
 	p.d = store.Deployment{ID: ids.New(ids.PrefixDeployment, now), MachineID: m.ID, Spec: spec}
-	image := redactURL(spec.Image.URL)
+	image := protocol.RedactURL(spec.Image.URL)
 	ramdisk, err := c.liveRamdisk(ctx, m.RamdiskNode)
 	switch {
 	case err != nil:

@@ -5,13 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/url"
 	"time"
 
 	"github.com/better-compute/bcd/controlplane/ids"
 	"github.com/better-compute/bcd/controlplane/machines"
 	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/controlplane/token"
+	"github.com/better-compute/bcd/internal/human"
 	"github.com/better-compute/bcd/protocol"
 )
 
@@ -386,7 +386,7 @@ func (p *plan) startDeploy(why string) error {
 	d.Step, d.Deadline = StepDeploy, p.now.Add(t.Deploy)
 	p.command(d.RamdiskNode, protocol.KindDeployImage, params)
 	reason := fmt.Sprintf("deploy.image %s to ramdisk node %s (attempt %d); the installed OS will join as node %s",
-		redactURL(d.Spec.Image.URL), d.RamdiskNode, d.DeployAttempts, nodeID)
+		protocol.RedactURL(d.Spec.Image.URL), d.RamdiskNode, d.DeployAttempts, nodeID)
 	if why != "" {
 		reason = why + "; " + reason
 	}
@@ -613,7 +613,7 @@ func reasonOf(c store.Command) string {
 func deploySummary(r protocol.DeployImageResult) (string, map[string]any) {
 	data := map[string]any{"disk": r.Disk, "bytes_written": r.BytesWritten, "bytes_received": r.BytesReceived,
 		"duration_ms": r.DurationMS, "after": r.After}
-	msg := fmt.Sprintf("wrote %s to %s", size(r.BytesWritten), orDash(r.Disk))
+	msg := fmt.Sprintf("wrote %s to %s", human.Size(r.BytesWritten), orDash(r.Disk))
 	if r.DurationMS > 0 {
 		secs := float64(r.DurationMS) / 1000
 		rate := float64(r.BytesWritten) / 1e6 / secs
@@ -626,32 +626,9 @@ func deploySummary(r protocol.DeployImageResult) (string, map[string]any) {
 	return msg, data
 }
 
-func size(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
-}
-
 func orDash(s string) string {
 	if s == "" {
 		return "-"
 	}
 	return s
-}
-
-// redactURL drops what may hold a secret from an image URL (userinfo, query,
-// fragment) before it reaches a timeline or a log.
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(unparsable URL)"
-	}
-	return (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String()
 }

@@ -5,6 +5,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/better-compute/bcd/internal/human"
 )
 
 // Timeouts bound each step of the lifecycle. A zero field means its default.
@@ -122,9 +124,5 @@ func ParseTimeouts(s string) (Timeouts, error) {
 	return t, nil
 }
 
-func short(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "…"
-	}
-	return s
-}
+// short cuts a value quoted back in an error; human owns how.
+func short(s string) string { return human.Short(s) }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/controlplane/token"
+	"github.com/better-compute/bcd/internal/human"
 	"github.com/better-compute/bcd/protocol"
 )
 
@@ -82,7 +83,7 @@ func (e *Events) booted(ctx context.Context, node store.Node, ev protocol.Event)
 	}
 	mac, err := NormalizeMAC(b.MAC)
 	if err != nil || !validStage(b.Stage) {
-		e.log().Warn("machine.booted: ignoring an event without a MAC and stage", "node", node.ID, "mac", short(b.MAC), "stage", short(b.Stage))
+		e.log().Warn("machine.booted: ignoring an event without a MAC and stage", "node", node.ID, "mac", human.Short(b.MAC), "stage", human.Short(b.Stage))
 		return nil
 	}
 	at := b.Time
@@ -91,10 +92,10 @@ func (e *Events) booted(ctx context.Context, node store.Node, ev protocol.Event)
 	}
 	msg := "stage " + b.Stage
 	if b.File != "" {
-		msg += ": served " + short(b.File)
+		msg += ": served " + human.Short(b.File)
 	}
 	if b.IP != "" {
-		msg += " to " + short(b.IP)
+		msg += " to " + human.Short(b.IP)
 	}
 	msg += " (" + mac + ")"
 	id, err := e.Store.RecordBoot(ctx, node.Site, mac, b.Stage, store.MachineEvent{Time: at, Kind: EventKindBooted,
@@ -152,7 +153,7 @@ func (e *Events) nonce(ctx context.Context, node store.Node, ev protocol.Event) 
 		why = fmt.Sprintf("expires %s ahead, more than %s", b.ExpiresAt.Sub(now).Round(time.Second), protocol.MaxBootNonceLifetime)
 	}
 	if why != "" {
-		e.log().Warn("boot.nonce refused", "node", node.ID, "mac", short(b.MAC), "reason", why)
+		e.log().Warn("boot.nonce refused", "node", node.ID, "mac", human.Short(b.MAC), "reason", why)
 		ev.Message = "refused: " + why
 		return ev, nil
 	}

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net"
 	"strings"
+
+	"github.com/better-compute/bcd/internal/human"
 )
 
 // NormalizeMAC returns an Ethernet MAC address in the form the control
@@ -13,7 +15,7 @@ import (
 func NormalizeMAC(s string) (string, error) {
 	hw, err := net.ParseMAC(strings.TrimSpace(s))
 	if err != nil || len(hw) != 6 {
-		return "", fmt.Errorf("%q is not a 48-bit MAC address (want like 52:54:00:12:34:56)", short(s))
+		return "", fmt.Errorf("%q is not a 48-bit MAC address (want like 52:54:00:12:34:56)", human.Short(s))
 	}
 	return hw.String(), nil
 }
@@ -39,11 +41,4 @@ func ValidNonce(s string) bool {
 		}
 	}
 	return true
-}
-
-func short(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "…"
-	}
-	return s
 }

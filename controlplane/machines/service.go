@@ -14,6 +14,7 @@ import (
 	"github.com/better-compute/bcd/controlplane/ids"
 	"github.com/better-compute/bcd/controlplane/refusal"
 	"github.com/better-compute/bcd/controlplane/store"
+	"github.com/better-compute/bcd/internal/human"
 	"github.com/better-compute/bcd/protocol"
 )
 
@@ -120,7 +121,7 @@ func (s *Service) Create(ctx context.Context, in NewMachine) (store.Machine, err
 			return store.Machine{}, err
 		}
 		if strings.HasPrefix(in.Name, ids.PrefixMachine) || LooksLikeMAC(in.Name) {
-			return store.Machine{}, refusal.New(protocol.CodeInvalidInput, "name %q would read as a machine id or a MAC", short(in.Name))
+			return store.Machine{}, refusal.New(protocol.CodeInvalidInput, "name %q would read as a machine id or a MAC", human.Short(in.Name))
 		}
 	}
 	if len(in.MACs) == 0 || len(in.MACs) > MaxMACs {
@@ -184,7 +185,7 @@ func BootOverride(v string, create bool) (string, error) {
 			return "", nil
 		}
 	}
-	return "", refusal.New(protocol.CodeInvalidInput, "boot mode %q: want ramdisk, local or none", short(v))
+	return "", refusal.New(protocol.CodeInvalidInput, "boot mode %q: want ramdisk, local or none", human.Short(v))
 }
 
 // Firmware checks a machine's firmware: bios ("" means bios) or uefi.
@@ -195,7 +196,7 @@ func Firmware(v string) (string, error) {
 	case store.FirmwareUEFI:
 		return v, nil
 	}
-	return "", refusal.New(protocol.CodeInvalidInput, "firmware %q: want bios or uefi", short(v))
+	return "", refusal.New(protocol.CodeInvalidInput, "firmware %q: want bios or uefi", human.Short(v))
 }
 
 // CheckBMC validates a BMC as the site agent will (its errors never quote

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/better-compute/bcd/controlplane/ids"
+	"github.com/better-compute/bcd/internal/human"
 	"github.com/better-compute/bcd/protocol"
 )
 
@@ -52,7 +53,7 @@ func (s *DeploySpec) Normalize() {
 // without the files each attempt adds. The error names the field at fault.
 func (s DeploySpec) Validate() error {
 	if s.After != protocol.AfterKexec && s.After != protocol.AfterReboot {
-		return fmt.Errorf("after %q: a deployment ends with the installed OS running: want kexec or reboot", short(s.After))
+		return fmt.Errorf("after %q: a deployment ends with the installed OS running: want kexec or reboot", human.Short(s.After))
 	}
 	if err := ids.CheckName("pool", s.Pool); err != nil {
 		return err
@@ -174,12 +175,4 @@ type Deployments interface {
 	// ListMachinesWithPendingBindings returns the machines with bindings
 	// the lifecycle has not adopted (Machine.PendingBindings).
 	ListMachinesWithPendingBindings(ctx context.Context) ([]Machine, error)
-}
-
-// short cuts a value quoted in an error.
-func short(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "…"
-	}
-	return s
 }

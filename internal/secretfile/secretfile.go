@@ -1,0 +1,116 @@
+// Package secretfile reads the small files that hold secrets (keys, tokens,
+// passwords) and the files beside them, with one set of rules: the file must be
+// regular (a FIFO or device is refused, and opening never waits on a FIFO), a
+// private one must not be open to group or others (a secret that has been readable
+// is treated as leaked, and failing loudly gets it fixed instead of used), and at
+// most a limit is read, so a wrong path cannot make a daemon swallow a huge file.
+//
+// It is the one copy of these checks; callers prefix the error with what the file
+// is for ("--token-file", "bmc hosts").
+package secretfile
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"runtime"
+)
+
+// The refusals, for errors.Is.
+var (
+	ErrNotRegular = errors.New("not a regular file")
+	ErrMode       = errors.New("group or others may access it")
+	ErrTooLarge   = errors.New("too large")
+)
+
+// Options says how a file is read. The zero value reads any regular file of any
+// size; set Limit.
+type Options struct {
+	// Limit is the most bytes read; a larger file is refused ("larger than N bytes").
+	Limit int64
+	// Private refuses a file whose mode lets group or others access it.
+	Private bool
+	// What names the secret in the mode refusal ("the node key"); "it" when empty.
+	What string
+	// NoFollow refuses a symbolic link as the last component of the path: for files
+	// a daemon writes itself in its own directory, where a link is never expected.
+	NoFollow bool
+	// Check, when set, replaces the regular-file and mode checks, for a caller with
+	// stricter rules of its own (a join token: exactly 0600 or 0400).
+	Check func(fi fs.FileInfo) error
+}
+
+// Read opens path and reads it under o.
+func Read(path string, o Options) ([]byte, error) {
+	flags := os.O_RDONLY | openFlags
+	if o.NoFollow {
+		flags |= noFollow
+	}
+	f, err := os.OpenFile(path, flags, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return ReadFrom(f, path, o)
+}
+
+// ReadFrom reads an open file under o; path names it in errors. The checks stat
+// the open file, not the path, so they apply to what is read.
+func ReadFrom(f *os.File, path string, o Options) ([]byte, error) {
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if o.Check != nil {
+		err = o.Check(fi)
+	} else {
+		err = check(path, fi, o)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if fi.Size() > o.Limit {
+		return nil, refuse(ErrTooLarge, "%s: larger than %d bytes", path, o.Limit)
+	}
+	// Limit+1: a file that grew after the stat is still caught.
+	data, err := io.ReadAll(io.LimitReader(f, o.Limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	if int64(len(data)) > o.Limit {
+		return nil, refuse(ErrTooLarge, "%s: larger than %d bytes", path, o.Limit)
+	}
+	return data, nil
+}
+
+func check(path string, fi fs.FileInfo, o Options) error {
+	if !fi.Mode().IsRegular() {
+		return refuse(ErrNotRegular, "%s: not a regular file", path)
+	}
+	// Windows has no such mode bits to check.
+	if o.Private && runtime.GOOS != "windows" && fi.Mode().Perm()&0o077 != 0 {
+		what := o.What
+		if what == "" {
+			what = "it"
+		}
+		return refuse(ErrMode, "%s: mode %04o lets group or others access %s; it must be 0600 (chmod 600 %s)",
+			path, fi.Mode().Perm(), what, path)
+	}
+	return nil
+}
+
+// refusal is a refusal's message, matching its kind under errors.Is without
+// repeating the kind's text.
+type refusal struct {
+	msg  string
+	kind error
+}
+
+func (r *refusal) Error() string { return r.msg }
+func (r *refusal) Unwrap() error { return r.kind }
+
+func refuse(kind error, format string, args ...any) error {
+	return &refusal{msg: fmt.Sprintf(format, args...), kind: kind}
+}
