@@ -11,7 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/better-compute/bcd/controlplane/api"
+	"github.com/better-compute/bcd/controlplane/apitype"
 	"github.com/better-compute/bcd/internal/cli"
 )
 
@@ -65,11 +65,11 @@ func (b *bmcFlags) given() bool {
 
 // input is the BMC the flags give; the password is nil when neither the
 // file nor the environment has one.
-func (b *bmcFlags) input() (*api.MachineBMCInput, error) {
+func (b *bmcFlags) input() (*apitype.MachineBMCInput, error) {
 	if b.address == "" || b.user == "" {
 		return nil, cli.Usagef("--bmc-address and --bmc-user go together")
 	}
-	in := &api.MachineBMCInput{Address: b.address, Port: b.port, Username: b.user, CipherSuite: b.cipherSuite}
+	in := &apitype.MachineBMCInput{Address: b.address, Port: b.port, Username: b.user, CipherSuite: b.cipherSuite}
 	pw, err := bmcPassword(b.passwordFile)
 	if err != nil {
 		return nil, err
@@ -118,7 +118,7 @@ func bmcPassword(file string) (*string, error) {
 }
 
 func newMachinesAddCmd(af *apiFlags) *cobra.Command {
-	var in api.MachineCreate
+	var in apitype.MachineCreate
 	var bmc bmcFlags
 	var efi bool
 	cmd := &cobra.Command{
@@ -520,7 +520,7 @@ password it has. --clear removes the BMC.`,
 			if clear == bmc.given() {
 				return cli.Usagef("machines set-bmc: give the BMC flags or --clear")
 			}
-			var in *api.MachineBMCInput
+			var in *apitype.MachineBMCInput
 			if !clear {
 				var err error
 				if in, err = bmc.input(); err != nil {
@@ -531,7 +531,7 @@ password it has. --clear removes the BMC.`,
 			if err != nil {
 				return err
 			}
-			var m api.MachineInfo
+			var m apitype.MachineInfo
 			if clear {
 				m, err = c.ClearBMC(cmd.Context(), args[0])
 			} else {

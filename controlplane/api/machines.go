@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 
+	"github.com/better-compute/bcd/controlplane/apitype"
 	"github.com/better-compute/bcd/controlplane/httpjson"
 	"github.com/better-compute/bcd/controlplane/ids"
 	"github.com/better-compute/bcd/controlplane/machines"
@@ -22,7 +22,7 @@ const maxMACs = 16
 
 func (s *Server) setProxy(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("name")
-	var in HTTPProxySet
+	var in apitype.HTTPProxySet
 	if err := decode(r, &in); err != nil {
 		return err
 	}
@@ -61,7 +61,7 @@ func (s *Server) writeProxy(w http.ResponseWriter, r *http.Request, name string,
 	}
 	s.specChanged(site.Name)
 	s.log().Info("site http proxy changed", "site", site.Name, "proxy", p != nil, "spec_revision", site.SpecRevision)
-	httpjson.WriteJSON(w, http.StatusOK, site)
+	httpjson.WriteJSON(w, http.StatusOK, toSite(site))
 	return nil
 }
 
@@ -99,21 +99,17 @@ func validDNSName(h string) bool {
 	return true
 }
 
-// machineInfo is m as the api shows it.
-func (s *Server) machineInfo(r *http.Request, m store.Machine, site *store.Site) MachineInfo {
-	info := MachineInfo{Machine: m}
-	info.Machine.BMC = nil
-	if m.BMC != nil {
-		info.BMC = &MachineBMCInfo{Address: m.BMC.Address, Port: m.BMC.Port, Username: m.BMC.Username,
-			HasPassword: m.BMC.Password != "", CipherSuite: m.BMC.CipherSuite}
-	}
+// machineInfo is m as the api shows it, with its site's policy and whether
+// its nodes are connected.
+func (s *Server) machineInfo(r *http.Request, m store.Machine, site *store.Site) apitype.MachineInfo {
 	if site == nil {
 		if st, err := s.Store.GetSite(r.Context(), m.Site); err == nil {
 			site = &st
 		}
 	}
+	approval := ""
 	if site != nil {
-		info.SiteApproval = site.Approval
+		approval = site.Approval
 	}
 	connected := func(id string) bool {
 		if id == "" {
@@ -122,9 +118,7 @@ func (s *Server) machineInfo(r *http.Request, m store.Machine, site *store.Site)
 		n, err := s.Store.GetNode(r.Context(), id)
 		return err == nil && !n.Deleted() && n.SessionID != 0
 	}
-	info.RamdiskConnected = connected(m.RamdiskNode)
-	info.NodeConnected = connected(m.Node)
-	return info
+	return toMachine(m, approval, connected(m.RamdiskNode), connected(m.Node))
 }
 
 // machine resolves the route's machine reference: its id (m_…), a MAC, or
@@ -165,7 +159,7 @@ func (s *Server) machine(r *http.Request) (store.Machine, error) {
 }
 
 func (s *Server) createMachine(w http.ResponseWriter, r *http.Request) error {
-	var in MachineCreate
+	var in apitype.MachineCreate
 	if err := decode(r, &in); err != nil {
 		return err
 	}
@@ -250,7 +244,7 @@ func bootMode(v string, create bool) (string, error) {
 
 // checkBMC validates a BMC as the site agent will (its errors never quote
 // the password); a nil Password keeps old's.
-func checkBMC(machineID string, in MachineBMCInput, old *store.MachineBMC) (*store.MachineBMC, error) {
+func checkBMC(machineID string, in apitype.MachineBMCInput, old *store.MachineBMC) (*store.MachineBMC, error) {
 	b := &store.MachineBMC{Address: in.Address, Port: in.Port, Username: in.Username, CipherSuite: in.CipherSuite}
 	switch {
 	case in.Password != nil:
@@ -277,7 +271,7 @@ func (s *Server) listMachines(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	sites := map[string]*store.Site{}
-	out := MachineList{Machines: make([]MachineInfo, 0, len(ms))}
+	out := apitype.MachineList{Machines: make([]apitype.MachineInfo, 0, len(ms))}
 	for _, m := range ms {
 		st, ok := sites[m.Site]
 		if !ok {
@@ -303,8 +297,8 @@ func (s *Server) getMachine(w http.ResponseWriter, r *http.Request) error {
 		d, err := s.Store.GetDeployment(r.Context(), m.Deployment)
 		switch {
 		case err == nil:
-			d = RedactDeployment(d)
-			info.CurrentDeployment = &d
+			cur := toDeployment(d)
+			info.CurrentDeployment = &cur
 		case !errors.Is(err, store.ErrNotFound):
 			return err
 		}
@@ -350,7 +344,7 @@ func (s *Server) update(w http.ResponseWriter, r *http.Request, m store.Machine,
 }
 
 func (s *Server) setBoot(w http.ResponseWriter, r *http.Request) error {
-	var in MachineBoot
+	var in apitype.MachineBoot
 	if err := decode(r, &in); err != nil {
 		return err
 	}
@@ -374,7 +368,7 @@ func orNone(s string) string {
 }
 
 func (s *Server) setBMC(w http.ResponseWriter, r *http.Request) error {
-	var in MachineBMCInput
+	var in apitype.MachineBMCInput
 	if err := decode(r, &in); err != nil {
 		return err
 	}
@@ -431,10 +425,7 @@ func (s *Server) machineEvents(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if evs == nil {
-		evs = []store.MachineEvent{}
-	}
-	httpjson.WriteJSON(w, http.StatusOK, MachineEventList{Machine: m.ID, Events: evs})
+	httpjson.WriteJSON(w, http.StatusOK, apitype.MachineEventList{Machine: m.ID, Events: toEvents(evs)})
 	return nil
 }
 
@@ -489,7 +480,7 @@ func (s *Server) enqueue(r *http.Request, m store.Machine, node, kind string, pa
 }
 
 func (s *Server) power(w http.ResponseWriter, r *http.Request) error {
-	var in MachinePower
+	var in apitype.MachinePower
 	if err := decode(r, &in); err != nil {
 		return err
 	}
@@ -505,7 +496,7 @@ func (s *Server) power(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) bootdev(w http.ResponseWriter, r *http.Request) error {
-	var in MachineBootdev
+	var in apitype.MachineBootdev
 	if err := decode(r, &in); err != nil {
 		return err
 	}
@@ -532,7 +523,7 @@ func (s *Server) bmcCommand(w http.ResponseWriter, r *http.Request, m store.Mach
 	if err != nil {
 		return err
 	}
-	httpjson.WriteJSON(w, http.StatusCreated, RedactCommand(c))
+	httpjson.WriteJSON(w, http.StatusCreated, toCommand(c))
 	return nil
 }
 
@@ -568,7 +559,7 @@ func (s *Server) inventory(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	httpjson.WriteJSON(w, http.StatusCreated, RedactCommand(c))
+	httpjson.WriteJSON(w, http.StatusCreated, toCommand(c))
 	return nil
 }
 
@@ -576,12 +567,12 @@ func (s *Server) deploy(w http.ResponseWriter, r *http.Request) error {
 	if s.Lifecycle == nil {
 		return httpjson.Errorf(protocol.CodeUnsupported, "this api runs without the machine lifecycle (better-compute serve runs it)")
 	}
-	var in DeployCreate
+	var in apitype.DeployCreate
 	if err := decode(r, &in); err != nil {
 		return err
 	}
 	if in.Pool == "" {
-		in.Pool = DefaultPool
+		in.Pool = apitype.DefaultPool
 	}
 	if err := checkName("pool", in.Pool); err != nil {
 		return err
@@ -602,7 +593,7 @@ func (s *Server) deploy(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	httpjson.WriteJSON(w, http.StatusCreated, DeployCreated{Machine: s.machineInfo(r, got, nil), Deployment: RedactDeployment(d)})
+	httpjson.WriteJSON(w, http.StatusCreated, apitype.DeployCreated{Machine: s.machineInfo(r, got, nil), Deployment: toDeployment(d)})
 	return nil
 }
 
@@ -621,7 +612,7 @@ func (s *Server) cancel(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) setFirmware(w http.ResponseWriter, r *http.Request) error {
-	var in MachineFirmware
+	var in apitype.MachineFirmware
 	if err := decode(r, &in); err != nil {
 		return err
 	}
@@ -645,15 +636,4 @@ func firmware(v string) (string, error) {
 		return v, nil
 	}
 	return "", httpjson.Errorf(protocol.CodeInvalidInput, "firmware %q: want bios or uefi", short(v))
-}
-
-// RedactDeployment returns d as the api shows it: the image URL without
-// userinfo, query or fragment, which may hold a credential.
-func RedactDeployment(d store.Deployment) store.Deployment {
-	if u, err := url.Parse(d.Spec.Image.URL); err == nil {
-		d.Spec.Image.URL = (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String()
-	} else {
-		d.Spec.Image.URL = ""
-	}
-	return d
 }
