@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/better-compute/bcd/controlplane/api"
+	"github.com/better-compute/bcd/controlplane/apitype"
 	"github.com/better-compute/bcd/controlplane/client"
 	"github.com/better-compute/bcd/controlplane/cptest"
 	"github.com/better-compute/bcd/controlplane/lifecycle"
@@ -177,7 +177,7 @@ func newLab(t *testing.T, timeouts string) *lab {
 	if _, err := l.op.CreateSite(ctx, cptest.Site); err != nil {
 		t.Fatal(err)
 	}
-	tok, err := l.op.CreateToken(ctx, api.TokenCreate{Pool: "sites", Site: cptest.Site, Role: protocol.RoleSite})
+	tok, err := l.op.CreateToken(ctx, apitype.TokenCreate{Pool: "sites", Site: cptest.Site, Role: protocol.RoleSite})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,7 +240,7 @@ func (l *lab) bmcCommands() []protocol.Command {
 func (l *lab) addMachine(mac string, uefi bool, mut func(*fakeMachine)) *fakeMachine {
 	l.t.Helper()
 	pw := "calvin"
-	in := api.MachineCreate{Site: cptest.Site, MACs: []string{mac}, BMC: &api.MachineBMCInput{Address: "10.0.0.5", Username: "root", Password: &pw}}
+	in := apitype.MachineCreate{Site: cptest.Site, MACs: []string{mac}, BMC: &apitype.MachineBMCInput{Address: "10.0.0.5", Username: "root", Password: &pw}}
 	if uefi {
 		in.Firmware = store.FirmwareUEFI
 	}
@@ -258,9 +258,9 @@ func (l *lab) addMachine(mac string, uefi bool, mut func(*fakeMachine)) *fakeMac
 	return fm
 }
 
-func (l *lab) deploy(fm *fakeMachine) api.DeployCreated {
+func (l *lab) deploy(fm *fakeMachine) apitype.DeployCreated {
 	l.t.Helper()
-	out, err := l.op.Deploy(ctx, fm.id, api.DeployCreate{Image: protocol.DeployImage{URL: "https://images.example.test/os.raw",
+	out, err := l.op.Deploy(ctx, fm.id, apitype.DeployCreate{Image: protocol.DeployImage{URL: "https://images.example.test/os.raw",
 		SHA256: strings.Repeat("ab", 32), Size: 64 << 20}})
 	if err != nil {
 		l.t.Fatalf("deploy %s: %v", fm.id, err)
@@ -453,16 +453,16 @@ func waitFor(t *testing.T, what string, ok func() bool) {
 }
 
 // waitEnd waits for the machine to be provisioned or failed.
-func (l *lab) waitEnd(fm *fakeMachine) api.MachineInfo {
+func (l *lab) waitEnd(fm *fakeMachine) apitype.MachineInfo {
 	l.t.Helper()
-	return waitMachine(l.t, l.op, fm.id, func(m api.MachineInfo) bool {
+	return waitMachine(l.t, l.op, fm.id, func(m apitype.MachineInfo) bool {
 		return m.State == store.MachineProvisioned || m.State == store.MachineFailed
 	})
 }
 
 // timeline is the machine's events; states the lifecycle states it went
 // through, in order.
-func (l *lab) timeline(fm *fakeMachine) []store.MachineEvent {
+func (l *lab) timeline(fm *fakeMachine) []apitype.MachineEvent {
 	l.t.Helper()
 	evs, err := l.op.MachineEvents(ctx, fm.id, 0)
 	if err != nil {
@@ -471,7 +471,7 @@ func (l *lab) timeline(fm *fakeMachine) []store.MachineEvent {
 	return evs.Events
 }
 
-func states(evs []store.MachineEvent) string {
+func states(evs []apitype.MachineEvent) string {
 	var out []string
 	for _, e := range evs {
 		if e.Kind == store.MachineEventState {
@@ -483,7 +483,7 @@ func states(evs []store.MachineEvent) string {
 	return strings.Join(out, ",")
 }
 
-func kinds(evs []store.MachineEvent) map[string]int {
+func kinds(evs []apitype.MachineEvent) map[string]int {
 	out := map[string]int{}
 	for _, e := range evs {
 		out[e.Kind]++
@@ -638,7 +638,7 @@ func TestLifecycleDeployFails(t *testing.T) {
 	toks, _ := l.op.ListTokens(ctx)
 	revoked := 0
 	for _, tok := range toks {
-		if tok.Role == protocol.RoleNode && tok.MachineID == fm.id && tok.State == api.TokenRevoked {
+		if tok.Role == protocol.RoleNode && tok.MachineID == fm.id && tok.State == apitype.TokenRevoked {
 			revoked++
 		}
 	}
@@ -722,7 +722,7 @@ func TestLifecycleControlPlaneRestart(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("deploy.image did not reach the ramdisk")
 	}
-	waitMachine(t, l.op, fm.id, func(m api.MachineInfo) bool { return m.State == store.MachineDeploying })
+	waitMachine(t, l.op, fm.id, func(m apitype.MachineInfo) bool { return m.State == store.MachineDeploying })
 
 	l.restart(func() {
 		// While the control plane is down the ramdisk finishes: its
@@ -740,7 +740,7 @@ func TestLifecycleControlPlaneRestart(t *testing.T) {
 	}
 	rd.seq.Store(r.st[len(r.st)-1].Seq)
 	rd.flush()
-	waitMachine(t, l.op, fm.id, func(m api.MachineInfo) bool { return m.State == store.MachineInstalling })
+	waitMachine(t, l.op, fm.id, func(m apitype.MachineInfo) bool { return m.State == store.MachineInstalling })
 	// No deploy.image again, not even once the resend delay has passed.
 	select {
 	case c := <-rd.cmds:
@@ -796,7 +796,7 @@ func TestLifecycleCancel(t *testing.T) {
 	fm := l.addMachine("52:54:00:00:07:01", false, func(fm *fakeMachine) { fm.boots = func(int) bool { return false } })
 	l.deploy(fm)
 	waitFor(t, "the power cycle", func() bool { return len(l.bmcCommands()) == 2 })
-	waitMachine(t, l.op, fm.id, func(m api.MachineInfo) bool { return m.CurrentDeployment.Step == lifecycle.StepWaitJoin })
+	waitMachine(t, l.op, fm.id, func(m apitype.MachineInfo) bool { return m.CurrentDeployment.Step == lifecycle.StepWaitJoin })
 	m, err := l.op.CancelDeploy(ctx, fm.id)
 	if err != nil || m.State != store.MachineFailed || m.StateReason != "cancelled by operator" {
 		t.Fatalf("cancel: %+v %v", m, err)

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/better-compute/bcd/controlplane/api"
+	"github.com/better-compute/bcd/controlplane/apitype"
 	"github.com/better-compute/bcd/controlplane/client"
 	"github.com/better-compute/bcd/controlplane/cptest"
 	"github.com/better-compute/bcd/controlplane/store"
@@ -33,7 +33,7 @@ func TestMachineFlow(t *testing.T) {
 	}
 
 	// The site agent joins and opens its session: an empty boot table.
-	tok, err := op.CreateToken(ctx, api.TokenCreate{Pool: "sites", Site: "fsn1", Role: protocol.RoleSite})
+	tok, err := op.CreateToken(ctx, apitype.TokenCreate{Pool: "sites", Site: "fsn1", Role: protocol.RoleSite})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,8 +51,8 @@ func TestMachineFlow(t *testing.T) {
 
 	// Adding the machine pushes its boot entry and BMC.
 	pw := "calvin"
-	m, err := op.CreateMachine(ctx, api.MachineCreate{Site: "fsn1", Name: "r1u1", MACs: []string{cptest.MAC}, BootMode: protocol.BootRamdisk,
-		BMC: &api.MachineBMCInput{Address: "10.0.0.5", Username: "root", Password: &pw}})
+	m, err := op.CreateMachine(ctx, apitype.MachineCreate{Site: "fsn1", Name: "r1u1", MACs: []string{cptest.MAC}, BootMode: protocol.BootRamdisk,
+		BMC: &apitype.MachineBMCInput{Address: "10.0.0.5", Username: "root", Password: &pw}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +131,7 @@ func TestMachineFlow(t *testing.T) {
 
 	// A deploy with the ramdisk connected starts at ramdisk: the inventory,
 	// then deploy.image with the installed OS's files.
-	dep, err := op.Deploy(ctx, m.ID, api.DeployCreate{Image: protocol.DeployImage{URL: "https://images.example.test/os.raw", SHA256: strings.Repeat("0", 64), Size: 4096}})
+	dep, err := op.Deploy(ctx, m.ID, apitype.DeployCreate{Image: protocol.DeployImage{URL: "https://images.example.test/os.raw", SHA256: strings.Repeat("0", 64), Size: 4096}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +167,7 @@ func TestMachineFlow(t *testing.T) {
 		Result: json.RawMessage(`{"disk":"/dev/vda","bytes_written":4096,"bytes_received":4096,"sha256":"00","duration_ms":1,"after":"kexec"}`), Time: time.Now()})
 	ramdisk.Expect(protocol.FrameAck, nil)
 	ramdisk.Close()
-	waitMachine(t, op, m.ID, func(m api.MachineInfo) bool { return m.State == store.MachineInstalling })
+	waitMachine(t, op, m.ID, func(m apitype.MachineInfo) bool { return m.State == store.MachineInstalling })
 
 	// The installed OS joins with what the deploy wrote and becomes the
 	// machine's node; the ramdisk node is retired.
@@ -180,7 +180,7 @@ func TestMachineFlow(t *testing.T) {
 	if er != nil {
 		t.Fatalf("installed OS's join: %+v", er)
 	}
-	if res := osAgent.Verify(t, b, jr); res.NodeID != nodeID || res.Pool != api.DefaultPool {
+	if res := osAgent.Verify(t, b, jr); res.NodeID != nodeID || res.Pool != apitype.DefaultPool {
 		t.Errorf("installed OS joined as %+v", res)
 	}
 	ms, err := op.ListMachines(ctx, "")
@@ -215,10 +215,10 @@ func TestMachineFlow(t *testing.T) {
 func TestManualApprovalOverHTTP(t *testing.T) {
 	s, out := startServer(t, newPKI(t), filepath.Join(t.TempDir(), "data"), nil)
 	op := operator(t, s, out)
-	if _, err := op.CreateSiteWith(ctx, api.SiteCreate{Name: "fsn1", Approval: "manual"}); err != nil {
+	if _, err := op.CreateSiteWith(ctx, apitype.SiteCreate{Name: "fsn1", Approval: "manual"}); err != nil {
 		t.Fatal(err)
 	}
-	m, err := op.CreateMachine(ctx, api.MachineCreate{Site: "fsn1", MACs: []string{cptest.MAC}, BootMode: protocol.BootRamdisk})
+	m, err := op.CreateMachine(ctx, apitype.MachineCreate{Site: "fsn1", MACs: []string{cptest.MAC}, BootMode: protocol.BootRamdisk})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,9 +246,9 @@ func TestManualApprovalOverHTTP(t *testing.T) {
 }
 
 // waitMachine polls the machine until ok says so, failing the test after 20 s.
-func waitMachine(t testing.TB, op *client.Client, id string, ok func(api.MachineInfo) bool) api.MachineInfo {
+func waitMachine(t testing.TB, op *client.Client, id string, ok func(apitype.MachineInfo) bool) apitype.MachineInfo {
 	t.Helper()
-	var m api.MachineInfo
+	var m apitype.MachineInfo
 	var err error
 	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		if m, err = op.GetMachine(ctx, id); err == nil && ok(m) {

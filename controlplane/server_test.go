@@ -18,7 +18,7 @@ import (
 
 	"github.com/coder/websocket"
 
-	"github.com/better-compute/bcd/controlplane/api"
+	"github.com/better-compute/bcd/controlplane/apitype"
 	"github.com/better-compute/bcd/controlplane/client"
 	"github.com/better-compute/bcd/controlplane/cptest"
 	"github.com/better-compute/bcd/pki"
@@ -248,7 +248,7 @@ func TestEndToEnd(t *testing.T) {
 	if _, err := op.CreateSite(ctx, "fsn1"); err != nil {
 		t.Fatal(err)
 	}
-	created, err := op.CreateToken(ctx, api.TokenCreate{Pool: "pool_h100", Site: "fsn1", Role: "node"})
+	created, err := op.CreateToken(ctx, apitype.TokenCreate{Pool: "pool_h100", Site: "fsn1", Role: "node"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -303,7 +303,7 @@ func TestEndToEnd(t *testing.T) {
 	if w.NodeState != protocol.NodeAdopting {
 		t.Errorf("welcome state %s", w.NodeState)
 	}
-	var nodes []api.NodeInfo
+	var nodes []apitype.NodeInfo
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		if nodes, err = op.ListNodes(ctx); err == nil && len(nodes) == 1 && nodes[0].Connected && nodes[0].State == protocol.NodeReady {
 			break
@@ -313,7 +313,7 @@ func TestEndToEnd(t *testing.T) {
 		t.Fatalf("nodes %+v", nodes)
 	}
 
-	cmd, err := op.CreateCommand(ctx, res.NodeID, api.CommandCreate{Kind: protocol.KindNodeReboot})
+	cmd, err := op.CreateCommand(ctx, res.NodeID, apitype.CommandCreate{Kind: protocol.KindNodeReboot})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -421,7 +421,7 @@ func TestReclaimEndsTheOldSession(t *testing.T) {
 	op.CreateSite(ctx, "fsn1")
 	hc := gatewayClient(s, nil)
 	join := func(allowReclaim bool) (*cptest.Agent, protocol.JoinResult) {
-		tok, err := op.CreateToken(ctx, api.TokenCreate{Pool: "p", Site: "fsn1", Role: "node", AllowReclaim: allowReclaim})
+		tok, err := op.CreateToken(ctx, apitype.TokenCreate{Pool: "p", Site: "fsn1", Role: "node", AllowReclaim: allowReclaim})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,4 +1,5 @@
-// Command better-compute is the operator's CLI and the control plane server.
+// Command better-compute is the operator's CLI (package operator) and the
+// control plane server (serve).
 package main
 
 import (
@@ -7,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/better-compute/bcd/cmd/better-compute/internal/operator"
 	"github.com/better-compute/bcd/internal/cli"
 )
 
@@ -19,12 +21,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 }
 
 func newRoot() *cobra.Command {
-	root := &cobra.Command{
-		Use:   "better-compute",
-		Short: "better-compute: the control plane and the operator's CLI for a bare-metal fleet",
-		Args:  cli.NoArgs,
-	}
-	root.AddCommand(newVersionCmd(), newPKICmd(), newReleaseCmd(), newDaemonCmd())
-	root.AddCommand(newServeCmd(), newTokensCmd(), newSitesCmd(), newNodesCmd(), newCommandsCmd(), newMachinesCmd())
+	root := operator.NewRoot()
+	root.AddCommand(newServeCmd())
 	return root
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,6 +23,17 @@ func TestMain(m *testing.M) {
 	}
 	os.Exit(m.Run())
 }
+
+// runCLI runs better-compute with args and returns its exit code and output.
+func runCLI(t *testing.T, stdin string, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code := run(args, strings.NewReader(stdin), &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+// bcopRE is an operator token as serve prints it once.
+var bcopRE = regexp.MustCompile(`bcop_[a-z2-7]{52}`)
 
 // serveChild starts `better-compute serve` with args and returns the lines it
 // prints until both listeners are up.

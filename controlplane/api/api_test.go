@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/better-compute/bcd/controlplane/api"
+	"github.com/better-compute/bcd/controlplane/apitype"
 	"github.com/better-compute/bcd/controlplane/client"
 	"github.com/better-compute/bcd/controlplane/cptest"
 	"github.com/better-compute/bcd/controlplane/downloads"
@@ -119,7 +120,7 @@ func TestOperatorAuth(t *testing.T) {
 
 func TestTokensAndSites(t *testing.T) {
 	e := start(t, "")
-	_, err := e.c.CreateToken(ctx, api.TokenCreate{Pool: "p1", Site: "nowhere", Role: "node"})
+	_, err := e.c.CreateToken(ctx, apitype.TokenCreate{Pool: "p1", Site: "nowhere", Role: "node"})
 	if client.Code(err) != protocol.CodeNotFound {
 		t.Errorf("token for a missing site: %v, want NOT_FOUND", err)
 	}
@@ -136,17 +137,17 @@ func TestTokensAndSites(t *testing.T) {
 	if err != nil || len(sites) != 2 {
 		t.Fatalf("sites %v %v", sites, err)
 	}
-	created, err := e.c.CreateToken(ctx, api.TokenCreate{Pool: "p1", Site: "ams1", Role: "site", TTLSeconds: 3600, AllowReclaim: true})
+	created, err := e.c.CreateToken(ctx, apitype.TokenCreate{Pool: "p1", Site: "ams1", Role: "site", TTLSeconds: 3600, AllowReclaim: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.HasPrefix(created.Token, "bcjt_"+created.ID+"_") || created.State != api.TokenActive || !created.AllowReclaim {
+	if !strings.HasPrefix(created.Token, "bcjt_"+created.ID+"_") || created.State != apitype.TokenActive || !created.AllowReclaim {
 		t.Errorf("created %+v", created)
 	}
 	if d := created.ExpiresAt.Sub(created.CreatedAt); d != time.Hour {
 		t.Errorf("ttl %v", d)
 	}
-	for name, in := range map[string]api.TokenCreate{
+	for name, in := range map[string]apitype.TokenCreate{
 		"bad role":    {Pool: "p1", Site: "ams1", Role: "ramdisk"},
 		"no pool":     {Site: "ams1", Role: "node"},
 		"short ttl":   {Pool: "p1", Site: "ams1", Role: "node", TTLSeconds: 5},
@@ -167,7 +168,7 @@ func TestTokensAndSites(t *testing.T) {
 		t.Error("the token list shows the secret or its hash")
 	}
 	got, err := e.c.RevokeToken(ctx, created.ID)
-	if err != nil || got.State != api.TokenRevoked {
+	if err != nil || got.State != apitype.TokenRevoked {
 		t.Errorf("revoke: %+v %v", got, err)
 	}
 	if _, err := e.c.RevokeToken(ctx, "jt_nope"); client.Code(err) != protocol.CodeNotFound {
@@ -199,7 +200,7 @@ func TestNodesAndCommands(t *testing.T) {
 	if _, err := e.c.Cordon(ctx, "n_missing", true); client.Code(err) != protocol.CodeNotFound {
 		t.Errorf("cordon missing: %v", err)
 	}
-	cmd, err := e.c.CreateCommand(ctx, "n_a", api.CommandCreate{Kind: protocol.KindNodeReboot})
+	cmd, err := e.c.CreateCommand(ctx, "n_a", apitype.CommandCreate{Kind: protocol.KindNodeReboot})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,13 +213,13 @@ func TestNodesAndCommands(t *testing.T) {
 	if _, err := e.c.GetCommand(ctx, "cmd_nope"); client.Code(err) != protocol.CodeNotFound {
 		t.Errorf("missing command: %v", err)
 	}
-	if _, err := e.c.CreateCommand(ctx, "n_a", api.CommandCreate{Kind: protocol.KindBMCPower}); client.Code(err) != protocol.CodeUnsupported {
+	if _, err := e.c.CreateCommand(ctx, "n_a", apitype.CommandCreate{Kind: protocol.KindBMCPower}); client.Code(err) != protocol.CodeUnsupported {
 		t.Errorf("bmc.power to a node: %v, want UNSUPPORTED", err)
 	}
-	if _, err := e.c.CreateCommand(ctx, "s_b", api.CommandCreate{Kind: protocol.KindBMCPower, Params: json.RawMessage(`{"action":"cycle"}`)}); err != nil {
+	if _, err := e.c.CreateCommand(ctx, "s_b", apitype.CommandCreate{Kind: protocol.KindBMCPower, Params: json.RawMessage(`{"action":"cycle"}`)}); err != nil {
 		t.Errorf("bmc.power to a site: %v", err)
 	}
-	if _, err := e.c.CreateCommand(ctx, "s_b", api.CommandCreate{Kind: protocol.KindBMCPower, Params: json.RawMessage(`[1]`)}); client.Code(err) != protocol.CodeInvalidInput {
+	if _, err := e.c.CreateCommand(ctx, "s_b", apitype.CommandCreate{Kind: protocol.KindBMCPower, Params: json.RawMessage(`[1]`)}); client.Code(err) != protocol.CodeInvalidInput {
 		t.Errorf("params not an object: %v", err)
 	}
 	e.notes.mu.Lock()
@@ -236,7 +237,7 @@ func TestNodesAndCommands(t *testing.T) {
 	if _, err := e.c.DeleteNode(ctx, "n_a"); client.Code(err) != protocol.CodeNodeRevoked {
 		t.Errorf("delete twice: %v", err)
 	}
-	if _, err := e.c.CreateCommand(ctx, "n_a", api.CommandCreate{Kind: protocol.KindNodeReboot}); client.Code(err) != protocol.CodeNodeRevoked {
+	if _, err := e.c.CreateCommand(ctx, "n_a", apitype.CommandCreate{Kind: protocol.KindNodeReboot}); client.Code(err) != protocol.CodeNodeRevoked {
 		t.Errorf("command to a deleted node: %v", err)
 	}
 	e.notes.mu.Lock()

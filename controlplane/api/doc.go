@@ -8,22 +8,23 @@
 //	GET  /.well-known/better-compute                  protocol.WellKnown (also under {basePath})
 //	GET  {basePath}/downloads/{product}/{version}/{os}-{arch}   (when downloads are configured)
 //
-// Operator (Authorization: Bearer bcop_…; 401 UNAUTHENTICATED otherwise):
+// Operator (Authorization: Bearer bcop_…; 401 UNAUTHENTICATED otherwise),
+// with the bodies of package apitype:
 //
 //	POST   {basePath}/api/v1/tokens                 TokenCreate → 201 TokenCreated
 //	GET    {basePath}/api/v1/tokens                 TokenList
 //	POST   {basePath}/api/v1/tokens/{id}/revoke     TokenInfo
-//	POST   {basePath}/api/v1/sites                  SiteCreate → 201 store.Site
+//	POST   {basePath}/api/v1/sites                  SiteCreate → 201 Site
 //	GET    {basePath}/api/v1/sites                  SiteList
 //	GET    {basePath}/api/v1/nodes                  NodeList
 //	GET    {basePath}/api/v1/nodes/{id}             NodeInfo
 //	DELETE {basePath}/api/v1/nodes/{id}             NodeInfo (the node is revoked; its session ends)
 //	POST   {basePath}/api/v1/nodes/{id}/cordon      NodeInfo
 //	POST   {basePath}/api/v1/nodes/{id}/uncordon    NodeInfo
-//	POST   {basePath}/api/v1/nodes/{id}/commands    CommandCreate → 201 store.Command
-//	GET    {basePath}/api/v1/commands/{id}          store.Command (files' content redacted)
-//	PUT    {basePath}/api/v1/sites/{name}/http-proxy  HTTPProxySet → store.Site
-//	DELETE {basePath}/api/v1/sites/{name}/http-proxy  store.Site
+//	POST   {basePath}/api/v1/nodes/{id}/commands    CommandCreate → 201 Command
+//	GET    {basePath}/api/v1/commands/{id}          Command (files' content redacted)
+//	PUT    {basePath}/api/v1/sites/{name}/http-proxy  HTTPProxySet → Site
+//	DELETE {basePath}/api/v1/sites/{name}/http-proxy  Site
 //	POST   {basePath}/api/v1/machines               MachineCreate → 201 MachineInfo
 //	GET    {basePath}/api/v1/machines[?site=S]      MachineList
 //	GET    {basePath}/api/v1/machines/{m}           MachineInfo
@@ -33,9 +34,9 @@
 //	DELETE {basePath}/api/v1/machines/{m}/bmc       MachineInfo
 //	POST   {basePath}/api/v1/machines/{m}/approve   MachineInfo
 //	GET    {basePath}/api/v1/machines/{m}/events[?limit=N]  MachineEventList
-//	POST   {basePath}/api/v1/machines/{m}/power     MachinePower → 201 store.Command (bmc.power)
-//	POST   {basePath}/api/v1/machines/{m}/bootdev   MachineBootdev → 201 store.Command (bmc.bootdev)
-//	POST   {basePath}/api/v1/machines/{m}/inventory 201 store.Command (inventory)
+//	POST   {basePath}/api/v1/machines/{m}/power     MachinePower → 201 Command (bmc.power)
+//	POST   {basePath}/api/v1/machines/{m}/bootdev   MachineBootdev → 201 Command (bmc.bootdev)
+//	POST   {basePath}/api/v1/machines/{m}/inventory 201 Command (inventory)
 //	POST   {basePath}/api/v1/machines/{m}/deploy    DeployCreate → 201 DeployCreated (a deployment)
 //	POST   {basePath}/api/v1/machines/{m}/cancel    MachineInfo (the deployment stopped: failed)
 //	PUT    {basePath}/api/v1/machines/{m}/firmware  MachineFirmware → MachineInfo
@@ -65,10 +66,14 @@
 // fresh node id and a single-use join token bound to it and to the machine
 // (role node, the machine's site, pool DefaultPool unless given), with
 // /etc/bcd/config.toml, join-encryption.jwk and node-id (0600, root). The
-// agent gets them whole; every api read of a command (RedactCommand) shows
-// each file's path, mode and size, never its content, and a deployment's
-// image URL is shown without userinfo or query (RedactDeployment). GET of
-// one machine includes its latest deployment.
+// agent gets them whole; every api read of a command shows each file's path,
+// mode and size, never its content, and a deployment's image URL is shown
+// without userinfo, query or fragment. GET of one machine includes its latest
+// deployment.
+//
+// Handlers never answer with a store row: convert.go turns rows into
+// apitype resources in one place, and that is where a BMC password becomes
+// has_password and the redactions above happen.
 //
 // Bodies are JSON both ways; unknown fields are refused. Every refusal is a
 // protocol.ErrorResponse: INVALID_INPUT (400), UNAUTHENTICATED (401),

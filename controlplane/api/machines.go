@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/better-compute/bcd/controlplane/apitype"
 	"github.com/better-compute/bcd/controlplane/httpjson"
 	"github.com/better-compute/bcd/controlplane/ids"
 	"github.com/better-compute/bcd/controlplane/machines"
@@ -19,7 +20,7 @@ const maxMACs = 16
 
 func (s *Server) setProxy(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("name")
-	var in HTTPProxySet
+	var in apitype.HTTPProxySet
 	if err := decode(r, &in); err != nil {
 		return err
 	}
@@ -58,7 +59,7 @@ func (s *Server) writeProxy(w http.ResponseWriter, r *http.Request, name string,
 	}
 	s.specChanged(site.Name)
 	s.log().Info("site http proxy changed", "site", site.Name, "proxy", p != nil, "spec_revision", site.SpecRevision)
-	httpjson.WriteJSON(w, http.StatusOK, site)
+	httpjson.WriteJSON(w, http.StatusOK, toSite(site))
 	return nil
 }
 
@@ -96,23 +97,17 @@ func validDNSName(h string) bool {
 	return true
 }
 
-// machineInfo is m as the api shows it.
-func (s *Server) machineInfo(r *http.Request, m store.Machine, site *store.Site) MachineInfo {
-	info := MachineInfo{Machine: m}
-	info.Machine.BMC = nil
-	// What the site agent is told, whoever decided it.
-	info.Machine.BootMode = m.EffectiveBootMode()
-	if m.BMC != nil {
-		info.BMC = &MachineBMCInfo{Address: m.BMC.Address, Port: m.BMC.Port, Username: m.BMC.Username,
-			HasPassword: m.BMC.Password != "", CipherSuite: m.BMC.CipherSuite}
-	}
+// machineInfo is m as the api shows it, with its site's policy and whether
+// its nodes are connected.
+func (s *Server) machineInfo(r *http.Request, m store.Machine, site *store.Site) apitype.MachineInfo {
 	if site == nil {
 		if st, err := s.Store.GetSite(r.Context(), m.Site); err == nil {
 			site = &st
 		}
 	}
+	approval := ""
 	if site != nil {
-		info.SiteApproval = site.Approval
+		approval = site.Approval
 	}
 	connected := func(id string) bool {
 		if id == "" {
@@ -121,9 +116,7 @@ func (s *Server) machineInfo(r *http.Request, m store.Machine, site *store.Site)
 		n, err := s.Store.GetNode(r.Context(), id)
 		return err == nil && !n.Deleted() && n.SessionID != 0
 	}
-	info.RamdiskConnected = connected(m.RamdiskNode)
-	info.NodeConnected = connected(m.Node)
-	return info
+	return toMachine(m, approval, connected(m.RamdiskNode), connected(m.Node))
 }
 
 // machine resolves the route's machine reference: its id (m_…), a MAC, or
@@ -164,7 +157,7 @@ func (s *Server) machine(r *http.Request) (store.Machine, error) {
 }
 
 func (s *Server) createMachine(w http.ResponseWriter, r *http.Request) error {
-	var in MachineCreate
+	var in apitype.MachineCreate
 	if err := decode(r, &in); err != nil {
 		return err
 	}
@@ -180,7 +173,7 @@ func (s *Server) createMachine(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func bmcInput(in MachineBMCInput) *machines.BMCInput {
+func bmcInput(in apitype.MachineBMCInput) *machines.BMCInput {
 	return &machines.BMCInput{Address: in.Address, Port: in.Port, Username: in.Username, Password: in.Password, CipherSuite: in.CipherSuite}
 }
 
@@ -196,7 +189,7 @@ func (s *Server) listMachines(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	sites := map[string]*store.Site{}
-	out := MachineList{Machines: make([]MachineInfo, 0, len(ms))}
+	out := apitype.MachineList{Machines: make([]apitype.MachineInfo, 0, len(ms))}
 	for _, m := range ms {
 		st, ok := sites[m.Site]
 		if !ok {
@@ -222,8 +215,8 @@ func (s *Server) getMachine(w http.ResponseWriter, r *http.Request) error {
 		d, err := s.Store.GetDeployment(r.Context(), m.Deployment)
 		switch {
 		case err == nil:
-			d = RedactDeployment(d)
-			info.CurrentDeployment = &d
+			cur := toDeployment(d)
+			info.CurrentDeployment = &cur
 		case !errors.Is(err, store.ErrNotFound):
 			return err
 		}
@@ -255,7 +248,7 @@ func (s *Server) changed(w http.ResponseWriter, r *http.Request, m store.Machine
 }
 
 func (s *Server) setBoot(w http.ResponseWriter, r *http.Request) error {
-	var in MachineBoot
+	var in apitype.MachineBoot
 	if err := decode(r, &in); err != nil {
 		return err
 	}
@@ -271,7 +264,7 @@ func (s *Server) setBoot(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) setBMC(w http.ResponseWriter, r *http.Request) error {
-	var in MachineBMCInput
+	var in apitype.MachineBMCInput
 	if err := decode(r, &in); err != nil {
 		return err
 	}
@@ -318,10 +311,7 @@ func (s *Server) machineEvents(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if evs == nil {
-		evs = []store.MachineEvent{}
-	}
-	httpjson.WriteJSON(w, http.StatusOK, MachineEventList{Machine: m.ID, Events: evs})
+	httpjson.WriteJSON(w, http.StatusOK, apitype.MachineEventList{Machine: m.ID, Events: toEvents(evs)})
 	return nil
 }
 
@@ -330,12 +320,12 @@ func commandCreated(w http.ResponseWriter, c store.Command, err error) error {
 	if err != nil {
 		return err
 	}
-	httpjson.WriteJSON(w, http.StatusCreated, RedactCommand(c))
+	httpjson.WriteJSON(w, http.StatusCreated, toCommand(c))
 	return nil
 }
 
 func (s *Server) power(w http.ResponseWriter, r *http.Request) error {
-	var in MachinePower
+	var in apitype.MachinePower
 	if err := decode(r, &in); err != nil {
 		return err
 	}
@@ -348,7 +338,7 @@ func (s *Server) power(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) bootdev(w http.ResponseWriter, r *http.Request) error {
-	var in MachineBootdev
+	var in apitype.MachineBootdev
 	if err := decode(r, &in); err != nil {
 		return err
 	}
@@ -370,7 +360,7 @@ func (s *Server) inventory(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) deploy(w http.ResponseWriter, r *http.Request) error {
-	var in DeployCreate
+	var in apitype.DeployCreate
 	if err := decode(r, &in); err != nil {
 		return err
 	}
@@ -383,7 +373,7 @@ func (s *Server) deploy(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	httpjson.WriteJSON(w, http.StatusCreated, DeployCreated{Machine: s.machineInfo(r, got, nil), Deployment: RedactDeployment(d)})
+	httpjson.WriteJSON(w, http.StatusCreated, apitype.DeployCreated{Machine: s.machineInfo(r, got, nil), Deployment: toDeployment(d)})
 	return nil
 }
 
@@ -399,7 +389,7 @@ func (s *Server) cancel(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) setFirmware(w http.ResponseWriter, r *http.Request) error {
-	var in MachineFirmware
+	var in apitype.MachineFirmware
 	if err := decode(r, &in); err != nil {
 		return err
 	}
@@ -412,11 +402,4 @@ func (s *Server) setFirmware(w http.ResponseWriter, r *http.Request) error {
 	}
 	got, err := s.machines().SetFirmware(r.Context(), m, in.Firmware)
 	return s.changed(w, r, got, err)
-}
-
-// RedactDeployment returns d as the api shows it: the image URL without
-// userinfo, query or fragment, which may hold a credential.
-func RedactDeployment(d store.Deployment) store.Deployment {
-	d.Spec.Image.URL = protocol.RedactURL(d.Spec.Image.URL)
-	return d
 }

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/better-compute/bcd/controlplane/apitype"
 	"github.com/better-compute/bcd/controlplane/httpjson"
 	"github.com/better-compute/bcd/controlplane/ids"
 	"github.com/better-compute/bcd/controlplane/store"
@@ -15,7 +16,7 @@ import (
 )
 
 func (s *Server) createToken(w http.ResponseWriter, r *http.Request) error {
-	var in TokenCreate
+	var in apitype.TokenCreate
 	if err := decode(r, &in); err != nil {
 		return err
 	}
@@ -52,7 +53,7 @@ func (s *Server) createToken(w http.ResponseWriter, r *http.Request) error {
 	}
 	s.log().Info("join token created", "token", t.ID, "pool", t.Pool, "site", t.Site, "role", t.Role, "node_id", t.NodeID,
 		"allow_reclaim", t.AllowReclaim, "expires", t.ExpiresAt)
-	httpjson.WriteJSON(w, http.StatusCreated, TokenCreated{TokenInfo: TokenInfo{t, TokenState(t, now)}, Token: j.Token})
+	httpjson.WriteJSON(w, http.StatusCreated, apitype.TokenCreated{TokenInfo: toToken(t, now), Token: j.Token})
 	return nil
 }
 
@@ -62,9 +63,9 @@ func (s *Server) listTokens(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	now := s.now()
-	out := TokenList{Tokens: make([]TokenInfo, 0, len(toks))}
+	out := apitype.TokenList{Tokens: make([]apitype.TokenInfo, 0, len(toks))}
 	for _, t := range toks {
-		out.Tokens = append(out.Tokens, TokenInfo{t, TokenState(t, now)})
+		out.Tokens = append(out.Tokens, toToken(t, now))
 	}
 	httpjson.WriteJSON(w, http.StatusOK, out)
 	return nil
@@ -83,12 +84,12 @@ func (s *Server) revokeToken(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	s.log().Info("join token revoked", "token", id)
-	httpjson.WriteJSON(w, http.StatusOK, TokenInfo{t, TokenState(t, s.now())})
+	httpjson.WriteJSON(w, http.StatusOK, toToken(t, s.now()))
 	return nil
 }
 
 func (s *Server) createSite(w http.ResponseWriter, r *http.Request) error {
-	var in SiteCreate
+	var in apitype.SiteCreate
 	if err := decode(r, &in); err != nil {
 		return err
 	}
@@ -110,7 +111,7 @@ func (s *Server) createSite(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	s.log().Info("site created", "site", site.Name, "approval", site.Approval)
-	httpjson.WriteJSON(w, http.StatusCreated, site)
+	httpjson.WriteJSON(w, http.StatusCreated, toSite(site))
 	return nil
 }
 
@@ -119,23 +120,18 @@ func (s *Server) listSites(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if sites == nil {
-		sites = []store.Site{}
-	}
-	httpjson.WriteJSON(w, http.StatusOK, SiteList{Sites: sites})
+	httpjson.WriteJSON(w, http.StatusOK, apitype.SiteList{Sites: toSites(sites)})
 	return nil
 }
-
-func nodeInfo(n store.Node) NodeInfo { return NodeInfo{Node: n, Connected: n.SessionID != 0} }
 
 func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) error {
 	nodes, err := s.Store.ListNodes(r.Context())
 	if err != nil {
 		return err
 	}
-	out := NodeList{Nodes: make([]NodeInfo, 0, len(nodes))}
+	out := apitype.NodeList{Nodes: make([]apitype.NodeInfo, 0, len(nodes))}
 	for _, n := range nodes {
-		out.Nodes = append(out.Nodes, nodeInfo(n))
+		out.Nodes = append(out.Nodes, toNode(n))
 	}
 	httpjson.WriteJSON(w, http.StatusOK, out)
 	return nil
@@ -167,7 +163,7 @@ func (s *Server) getNode(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	httpjson.WriteJSON(w, http.StatusOK, nodeInfo(n))
+	httpjson.WriteJSON(w, http.StatusOK, toNode(n))
 	return nil
 }
 
@@ -195,7 +191,7 @@ func (s *Server) cordon(on bool) func(http.ResponseWriter, *http.Request) error 
 }
 
 func (s *Server) createCommand(w http.ResponseWriter, r *http.Request) error {
-	var in CommandCreate
+	var in apitype.CommandCreate
 	if err := decode(r, &in); err != nil {
 		return err
 	}
@@ -228,7 +224,7 @@ func (s *Server) createCommand(w http.ResponseWriter, r *http.Request) error {
 		s.Notifier.Notify(n.ID)
 	}
 	s.log().Info("command enqueued", "command", c.ID, "node", n.ID, "kind", c.Kind)
-	httpjson.WriteJSON(w, http.StatusCreated, RedactCommand(c))
+	httpjson.WriteJSON(w, http.StatusCreated, toCommand(c))
 	return nil
 }
 
@@ -241,6 +237,6 @@ func (s *Server) getCommand(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	httpjson.WriteJSON(w, http.StatusOK, RedactCommand(c))
+	httpjson.WriteJSON(w, http.StatusOK, toCommand(c))
 	return nil
 }

@@ -14,15 +14,14 @@ import (
 	"strings"
 	"time"
 
-	"github.com/better-compute/bcd/controlplane/api"
-	"github.com/better-compute/bcd/controlplane/store"
+	"github.com/better-compute/bcd/controlplane/apitype"
 	"github.com/better-compute/bcd/protocol"
 )
 
 // maxResponse bounds what the client reads of an answer.
 const maxResponse = 16 << 20
 
-// Client talks to one control plane api.
+// Client talks to one control plane apitype.
 type Client struct {
 	base  string
 	token string
@@ -99,38 +98,38 @@ func (c *Client) Do(ctx context.Context, method, path string, in, out any) error
 func esc(s string) string { return url.PathEscape(s) }
 
 // CreateToken creates a join token.
-func (c *Client) CreateToken(ctx context.Context, in api.TokenCreate) (api.TokenCreated, error) {
-	var out api.TokenCreated
+func (c *Client) CreateToken(ctx context.Context, in apitype.TokenCreate) (apitype.TokenCreated, error) {
+	var out apitype.TokenCreated
 	return out, c.Do(ctx, http.MethodPost, "/api/v1/tokens", in, &out)
 }
 
 // ListTokens lists the join tokens.
-func (c *Client) ListTokens(ctx context.Context) ([]api.TokenInfo, error) {
-	var out api.TokenList
+func (c *Client) ListTokens(ctx context.Context) ([]apitype.TokenInfo, error) {
+	var out apitype.TokenList
 	return out.Tokens, c.Do(ctx, http.MethodGet, "/api/v1/tokens", nil, &out)
 }
 
 // RevokeToken revokes a join token.
-func (c *Client) RevokeToken(ctx context.Context, id string) (api.TokenInfo, error) {
-	var out api.TokenInfo
+func (c *Client) RevokeToken(ctx context.Context, id string) (apitype.TokenInfo, error) {
+	var out apitype.TokenInfo
 	return out, c.Do(ctx, http.MethodPost, "/api/v1/tokens/"+esc(id)+"/revoke", nil, &out)
 }
 
 // CreateSite creates a site.
-func (c *Client) CreateSite(ctx context.Context, name string) (store.Site, error) {
-	var out store.Site
-	return out, c.Do(ctx, http.MethodPost, "/api/v1/sites", api.SiteCreate{Name: name}, &out)
+func (c *Client) CreateSite(ctx context.Context, name string) (apitype.Site, error) {
+	var out apitype.Site
+	return out, c.Do(ctx, http.MethodPost, "/api/v1/sites", apitype.SiteCreate{Name: name}, &out)
 }
 
 // CreateSiteWith creates a site with a policy.
-func (c *Client) CreateSiteWith(ctx context.Context, in api.SiteCreate) (store.Site, error) {
-	var out store.Site
+func (c *Client) CreateSiteWith(ctx context.Context, in apitype.SiteCreate) (apitype.Site, error) {
+	var out apitype.Site
 	return out, c.Do(ctx, http.MethodPost, "/api/v1/sites", in, &out)
 }
 
 // SetSiteHTTPProxy sets a site's proxy for the boot network; nil removes it.
-func (c *Client) SetSiteHTTPProxy(ctx context.Context, site string, p *protocol.HTTPProxySection) (store.Site, error) {
-	var out store.Site
+func (c *Client) SetSiteHTTPProxy(ctx context.Context, site string, p *protocol.HTTPProxySection) (apitype.Site, error) {
+	var out apitype.Site
 	if p == nil {
 		return out, c.Do(ctx, http.MethodDelete, "/api/v1/sites/"+esc(site)+"/http-proxy", nil, &out)
 	}
@@ -138,54 +137,54 @@ func (c *Client) SetSiteHTTPProxy(ctx context.Context, site string, p *protocol.
 }
 
 // ListSites lists the sites.
-func (c *Client) ListSites(ctx context.Context) ([]store.Site, error) {
-	var out api.SiteList
+func (c *Client) ListSites(ctx context.Context) ([]apitype.Site, error) {
+	var out apitype.SiteList
 	return out.Sites, c.Do(ctx, http.MethodGet, "/api/v1/sites", nil, &out)
 }
 
 // ListNodes lists the nodes that are not deleted.
-func (c *Client) ListNodes(ctx context.Context) ([]api.NodeInfo, error) {
-	var out api.NodeList
+func (c *Client) ListNodes(ctx context.Context) ([]apitype.NodeInfo, error) {
+	var out apitype.NodeList
 	return out.Nodes, c.Do(ctx, http.MethodGet, "/api/v1/nodes", nil, &out)
 }
 
 // GetNode reads a node.
-func (c *Client) GetNode(ctx context.Context, id string) (api.NodeInfo, error) {
-	var out api.NodeInfo
+func (c *Client) GetNode(ctx context.Context, id string) (apitype.NodeInfo, error) {
+	var out apitype.NodeInfo
 	return out, c.Do(ctx, http.MethodGet, "/api/v1/nodes/"+esc(id), nil, &out)
 }
 
 // DeleteNode deletes a node, revoking its identity.
-func (c *Client) DeleteNode(ctx context.Context, id string) (api.NodeInfo, error) {
-	var out api.NodeInfo
+func (c *Client) DeleteNode(ctx context.Context, id string) (apitype.NodeInfo, error) {
+	var out apitype.NodeInfo
 	return out, c.Do(ctx, http.MethodDelete, "/api/v1/nodes/"+esc(id), nil, &out)
 }
 
 // Cordon cordons (on) or uncordons a node.
-func (c *Client) Cordon(ctx context.Context, id string, on bool) (api.NodeInfo, error) {
+func (c *Client) Cordon(ctx context.Context, id string, on bool) (apitype.NodeInfo, error) {
 	verb := "uncordon"
 	if on {
 		verb = "cordon"
 	}
-	var out api.NodeInfo
+	var out apitype.NodeInfo
 	return out, c.Do(ctx, http.MethodPost, "/api/v1/nodes/"+esc(id)+"/"+verb, nil, &out)
 }
 
 // CreateCommand enqueues a command for a node.
-func (c *Client) CreateCommand(ctx context.Context, nodeID string, in api.CommandCreate) (store.Command, error) {
-	var out store.Command
+func (c *Client) CreateCommand(ctx context.Context, nodeID string, in apitype.CommandCreate) (apitype.Command, error) {
+	var out apitype.Command
 	return out, c.Do(ctx, http.MethodPost, "/api/v1/nodes/"+esc(nodeID)+"/commands", in, &out)
 }
 
 // GetCommand reads a command.
-func (c *Client) GetCommand(ctx context.Context, id string) (store.Command, error) {
-	var out store.Command
+func (c *Client) GetCommand(ctx context.Context, id string) (apitype.Command, error) {
+	var out apitype.Command
 	return out, c.Do(ctx, http.MethodGet, "/api/v1/commands/"+esc(id), nil, &out)
 }
 
 // WaitCommand polls a command every interval until it is in a terminal
 // state or ctx is done, and returns it as last read.
-func (c *Client) WaitCommand(ctx context.Context, id string, interval time.Duration) (store.Command, error) {
+func (c *Client) WaitCommand(ctx context.Context, id string, interval time.Duration) (apitype.Command, error) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -204,14 +203,14 @@ func (c *Client) WaitCommand(ctx context.Context, id string, interval time.Durat
 func machinePath(ref string) string { return "/api/v1/machines/" + esc(ref) }
 
 // CreateMachine adds a machine.
-func (c *Client) CreateMachine(ctx context.Context, in api.MachineCreate) (api.MachineInfo, error) {
-	var out api.MachineInfo
+func (c *Client) CreateMachine(ctx context.Context, in apitype.MachineCreate) (apitype.MachineInfo, error) {
+	var out apitype.MachineInfo
 	return out, c.Do(ctx, http.MethodPost, "/api/v1/machines", in, &out)
 }
 
 // ListMachines lists the machines of site ("" for every site).
-func (c *Client) ListMachines(ctx context.Context, site string) ([]api.MachineInfo, error) {
-	var out api.MachineList
+func (c *Client) ListMachines(ctx context.Context, site string) ([]apitype.MachineInfo, error) {
+	var out apitype.MachineList
 	path := "/api/v1/machines"
 	if site != "" {
 		path += "?site=" + url.QueryEscape(site)
@@ -220,46 +219,46 @@ func (c *Client) ListMachines(ctx context.Context, site string) ([]api.MachineIn
 }
 
 // GetMachine reads a machine by id, name or MAC.
-func (c *Client) GetMachine(ctx context.Context, ref string) (api.MachineInfo, error) {
-	var out api.MachineInfo
+func (c *Client) GetMachine(ctx context.Context, ref string) (apitype.MachineInfo, error) {
+	var out apitype.MachineInfo
 	return out, c.Do(ctx, http.MethodGet, machinePath(ref), nil, &out)
 }
 
 // DeleteMachine removes a machine.
-func (c *Client) DeleteMachine(ctx context.Context, ref string) (api.MachineInfo, error) {
-	var out api.MachineInfo
+func (c *Client) DeleteMachine(ctx context.Context, ref string) (apitype.MachineInfo, error) {
+	var out apitype.MachineInfo
 	return out, c.Do(ctx, http.MethodDelete, machinePath(ref), nil, &out)
 }
 
 // SetBootMode sets a machine's boot mode: ramdisk, local or none.
-func (c *Client) SetBootMode(ctx context.Context, ref, mode string) (api.MachineInfo, error) {
-	var out api.MachineInfo
-	return out, c.Do(ctx, http.MethodPut, machinePath(ref)+"/boot", api.MachineBoot{Mode: mode}, &out)
+func (c *Client) SetBootMode(ctx context.Context, ref, mode string) (apitype.MachineInfo, error) {
+	var out apitype.MachineInfo
+	return out, c.Do(ctx, http.MethodPut, machinePath(ref)+"/boot", apitype.MachineBoot{Mode: mode}, &out)
 }
 
 // SetBMC sets a machine's BMC; a nil password keeps the one it has.
-func (c *Client) SetBMC(ctx context.Context, ref string, in api.MachineBMCInput) (api.MachineInfo, error) {
-	var out api.MachineInfo
+func (c *Client) SetBMC(ctx context.Context, ref string, in apitype.MachineBMCInput) (apitype.MachineInfo, error) {
+	var out apitype.MachineInfo
 	return out, c.Do(ctx, http.MethodPut, machinePath(ref)+"/bmc", in, &out)
 }
 
 // ClearBMC removes a machine's BMC.
-func (c *Client) ClearBMC(ctx context.Context, ref string) (api.MachineInfo, error) {
-	var out api.MachineInfo
+func (c *Client) ClearBMC(ctx context.Context, ref string) (apitype.MachineInfo, error) {
+	var out apitype.MachineInfo
 	return out, c.Do(ctx, http.MethodDelete, machinePath(ref)+"/bmc", nil, &out)
 }
 
 // ApproveMachine lets a machine's ramdisk join in a site with manual
 // approval.
-func (c *Client) ApproveMachine(ctx context.Context, ref string) (api.MachineInfo, error) {
-	var out api.MachineInfo
+func (c *Client) ApproveMachine(ctx context.Context, ref string) (apitype.MachineInfo, error) {
+	var out apitype.MachineInfo
 	return out, c.Do(ctx, http.MethodPost, machinePath(ref)+"/approve", nil, &out)
 }
 
 // MachineEvents reads a machine's timeline, the latest limit events (0:
 // the api's default).
-func (c *Client) MachineEvents(ctx context.Context, ref string, limit int) (api.MachineEventList, error) {
-	var out api.MachineEventList
+func (c *Client) MachineEvents(ctx context.Context, ref string, limit int) (apitype.MachineEventList, error) {
+	var out apitype.MachineEventList
 	path := machinePath(ref) + "/events"
 	if limit > 0 {
 		path += fmt.Sprintf("?limit=%d", limit)
@@ -268,41 +267,41 @@ func (c *Client) MachineEvents(ctx context.Context, ref string, limit int) (api.
 }
 
 // Power enqueues bmc.power for a machine at a site agent of its site.
-func (c *Client) Power(ctx context.Context, ref, action string) (store.Command, error) {
-	var out store.Command
-	return out, c.Do(ctx, http.MethodPost, machinePath(ref)+"/power", api.MachinePower{Action: action}, &out)
+func (c *Client) Power(ctx context.Context, ref, action string) (apitype.Command, error) {
+	var out apitype.Command
+	return out, c.Do(ctx, http.MethodPost, machinePath(ref)+"/power", apitype.MachinePower{Action: action}, &out)
 }
 
 // Bootdev enqueues bmc.bootdev for a machine at a site agent of its site.
-func (c *Client) Bootdev(ctx context.Context, ref string, in api.MachineBootdev) (store.Command, error) {
-	var out store.Command
+func (c *Client) Bootdev(ctx context.Context, ref string, in apitype.MachineBootdev) (apitype.Command, error) {
+	var out apitype.Command
 	return out, c.Do(ctx, http.MethodPost, machinePath(ref)+"/bootdev", in, &out)
 }
 
 // Inventory enqueues inventory at the machine's ramdisk node.
-func (c *Client) Inventory(ctx context.Context, ref string) (store.Command, error) {
-	var out store.Command
+func (c *Client) Inventory(ctx context.Context, ref string) (apitype.Command, error) {
+	var out apitype.Command
 	return out, c.Do(ctx, http.MethodPost, machinePath(ref)+"/inventory", nil, &out)
 }
 
 // Deploy starts a deployment of the machine, which the control plane's
 // lifecycle runs to provisioned or failed.
-func (c *Client) Deploy(ctx context.Context, ref string, in api.DeployCreate) (api.DeployCreated, error) {
-	var out api.DeployCreated
+func (c *Client) Deploy(ctx context.Context, ref string, in apitype.DeployCreate) (apitype.DeployCreated, error) {
+	var out apitype.DeployCreated
 	return out, c.Do(ctx, http.MethodPost, machinePath(ref)+"/deploy", in, &out)
 }
 
 // CancelDeploy stops the machine's running deployment; the machine is
 // failed, "cancelled by operator".
-func (c *Client) CancelDeploy(ctx context.Context, ref string) (api.MachineInfo, error) {
-	var out api.MachineInfo
+func (c *Client) CancelDeploy(ctx context.Context, ref string) (apitype.MachineInfo, error) {
+	var out apitype.MachineInfo
 	return out, c.Do(ctx, http.MethodPost, machinePath(ref)+"/cancel", nil, &out)
 }
 
 // SetFirmware sets a machine's firmware: bios or uefi.
-func (c *Client) SetFirmware(ctx context.Context, ref, firmware string) (api.MachineInfo, error) {
-	var out api.MachineInfo
-	return out, c.Do(ctx, http.MethodPut, machinePath(ref)+"/firmware", api.MachineFirmware{Firmware: firmware}, &out)
+func (c *Client) SetFirmware(ctx context.Context, ref, firmware string) (apitype.MachineInfo, error) {
+	var out apitype.MachineInfo
+	return out, c.Do(ctx, http.MethodPut, machinePath(ref)+"/firmware", apitype.MachineFirmware{Firmware: firmware}, &out)
 }
 
 // Code is the refusal code of err, "" when err is not a refusal.

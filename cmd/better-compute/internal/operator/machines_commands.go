@@ -1,4 +1,4 @@
-package main
+package operator
 
 import (
 	"context"
@@ -11,9 +11,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/better-compute/bcd/controlplane/api"
+	"github.com/better-compute/bcd/controlplane/apitype"
 	"github.com/better-compute/bcd/controlplane/client"
-	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/internal/cli"
 	"github.com/better-compute/bcd/protocol"
 )
@@ -35,8 +34,8 @@ func (w *waitFlags) add(cmd *cobra.Command, timeout time.Duration) {
 // run enqueues with send and, when waiting, waits for the terminal status
 // and hands a SUCCEEDED command to done. A command that FAILED (or that the
 // agent does not run) is an error naming its reason.
-func (w *waitFlags) run(cmd *cobra.Command, af *apiFlags, what string, send func(context.Context, *client.Client) (store.Command, error),
-	done func(io.Writer, store.Command) error) error {
+func (w *waitFlags) run(cmd *cobra.Command, af *apiFlags, what string, send func(context.Context, *client.Client) (apitype.Command, error),
+	done func(io.Writer, apitype.Command) error) error {
 	if w.timeout <= 0 {
 		return cli.Usagef("%s: --timeout %v: want a positive duration", what, w.timeout)
 	}
@@ -104,10 +103,10 @@ with its reason.`,
 				return cli.Usagef("machines power: %q: want on, off, cycle, reset or status", action)
 			}
 			return w.run(cmd, af, "machines power",
-				func(ctx context.Context, c *client.Client) (store.Command, error) {
+				func(ctx context.Context, c *client.Client) (apitype.Command, error) {
 					return c.Power(ctx, args[0], action)
 				},
-				func(out io.Writer, got store.Command) error {
+				func(out io.Writer, got apitype.Command) error {
 					var res protocol.BMCPowerResult
 					if err := json.Unmarshal(got.Result, &res); err != nil || res.Power == "" {
 						_, err := fmt.Fprintf(out, "machine %s: %s done\n", got.MachineID, action)
@@ -128,7 +127,7 @@ with its reason.`,
 
 func newMachinesBootdevCmd(af *apiFlags) *cobra.Command {
 	var w waitFlags
-	var in api.MachineBootdev
+	var in apitype.MachineBootdev
 	cmd := &cobra.Command{
 		Use:   "bootdev M pxe|disk [--efi] [--persistent]",
 		Short: "Set the device the machine boots from next, through its BMC",
@@ -139,8 +138,10 @@ func newMachinesBootdevCmd(af *apiFlags) *cobra.Command {
 				return cli.Usagef("machines bootdev: %q: want pxe or disk", in.Device)
 			}
 			return w.run(cmd, af, "machines bootdev",
-				func(ctx context.Context, c *client.Client) (store.Command, error) { return c.Bootdev(ctx, args[0], in) },
-				func(out io.Writer, got store.Command) error {
+				func(ctx context.Context, c *client.Client) (apitype.Command, error) {
+					return c.Bootdev(ctx, args[0], in)
+				},
+				func(out io.Writer, got apitype.Command) error {
 					var res protocol.BMCBootdevResult
 					if json.Unmarshal(got.Result, &res) != nil || res.Device == "" {
 						res = protocol.BMCBootdevResult{Device: in.Device, EFI: in.EFI, Persistent: in.Persistent}
@@ -173,8 +174,8 @@ func newMachinesInventoryCmd(af *apiFlags) *cobra.Command {
 		Args:  cli.ExactArgs(1, "the machine (id, name or MAC)"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return w.run(cmd, af, "machines inventory",
-				func(ctx context.Context, c *client.Client) (store.Command, error) { return c.Inventory(ctx, args[0]) },
-				func(out io.Writer, got store.Command) error {
+				func(ctx context.Context, c *client.Client) (apitype.Command, error) { return c.Inventory(ctx, args[0]) },
+				func(out io.Writer, got apitype.Command) error {
 					var v any
 					if json.Unmarshal(got.Result, &v) != nil {
 						_, err := fmt.Fprintf(out, "machine %s: inventory done\n", got.MachineID)
@@ -191,7 +192,7 @@ func newMachinesInventoryCmd(af *apiFlags) *cobra.Command {
 }
 
 func newMachinesDeployCmd(af *apiFlags) *cobra.Command {
-	var in api.DeployCreate
+	var in apitype.DeployCreate
 	var wait bool
 	var timeout time.Duration
 	cmd := &cobra.Command{
@@ -258,7 +259,7 @@ better-compute machines list and better-compute machines events M.`,
 	f.StringVar(&in.Target.Path, "disk-path", "", "write to this disk (/dev/…)")
 	f.StringVar(&in.After, "after", protocol.AfterKexec, "once the disk is written: kexec or reboot")
 	f.StringVar(&in.Cmdline, "cmdline", "", "kernel command line for the kexec'd kernel")
-	f.StringVar(&in.Pool, "pool", api.DefaultPool, "pool the installed OS joins")
+	f.StringVar(&in.Pool, "pool", apitype.DefaultPool, "pool the installed OS joins")
 	f.BoolVar(&wait, "wait", false, "wait until the machine is provisioned (exit 0) or failed (exit 1), printing each state")
 	f.DurationVar(&timeout, "timeout", time.Hour, "with --wait: how long to wait")
 	return cmd
@@ -266,7 +267,7 @@ better-compute machines list and better-compute machines events M.`,
 
 // waitDeployment follows a deployment until it ends, printing each state the
 // machine reaches.
-func waitDeployment(cmd *cobra.Command, af *apiFlags, c *client.Client, m api.MachineInfo, deployment string, timeout time.Duration) error {
+func waitDeployment(cmd *cobra.Command, af *apiFlags, c *client.Client, m apitype.MachineInfo, deployment string, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 	defer cancel()
 	errOut := cmd.ErrOrStderr()
@@ -281,13 +282,13 @@ func waitDeployment(cmd *cobra.Command, af *apiFlags, c *client.Client, m api.Ma
 		switch {
 		case m.Deployment != deployment:
 			return fmt.Errorf("machines deploy: machine %s now runs deployment %s, not %s", m.ID, dash(m.Deployment), deployment)
-		case m.State == store.MachineProvisioned:
+		case m.State == apitype.MachineProvisioned:
 			if af.json() {
 				return printJSON(cmd.OutOrStdout(), m)
 			}
 			_, err := fmt.Fprintf(cmd.OutOrStdout(), "machine %s provisioned: node %s\n", m.ID, m.Node)
 			return err
-		case m.State == store.MachineFailed:
+		case m.State == apitype.MachineFailed:
 			return fmt.Errorf("machines deploy: machine %s failed: %s (better-compute machines events %s)", m.ID, m.StateReason, m.ID)
 		}
 		select {

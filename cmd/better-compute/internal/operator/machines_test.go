@@ -1,4 +1,4 @@
-package main
+package operator
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/better-compute/bcd/controlplane"
-	"github.com/better-compute/bcd/controlplane/api"
+	"github.com/better-compute/bcd/controlplane/apitype"
 	"github.com/better-compute/bcd/controlplane/client"
 	"github.com/better-compute/bcd/controlplane/cptest"
 	"github.com/better-compute/bcd/protocol"
@@ -46,7 +46,7 @@ func startFakeSite(t *testing.T, s *controlplane.Server, site string) *fakeSite 
 	if err != nil {
 		t.Fatal(err)
 	}
-	tok, err := c.CreateToken(context.Background(), api.TokenCreate{Pool: "sites", Site: site, Role: protocol.RoleSite})
+	tok, err := c.CreateToken(context.Background(), apitype.TokenCreate{Pool: "sites", Site: site, Role: protocol.RoleSite})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +174,7 @@ func TestMachinesCLI(t *testing.T) {
 		}
 	}
 	code, out, _ = runCLI(t, "", "machines", "list", "-o", "json")
-	var list []api.MachineInfo
+	var list []apitype.MachineInfo
 	if code != 0 || json.Unmarshal([]byte(out), &list) != nil || len(list) != 2 || strings.Contains(out, "calvin") {
 		t.Errorf("machines list -o json: %d %s", code, out)
 	}
@@ -248,7 +248,7 @@ func TestMachinesCLI(t *testing.T) {
 		t.Errorf("machines list after the failure: %d\n%s", code, out)
 	}
 	code, out, _ = runCLI(t, "", "machines", "events", "r1u1", "-o", "json")
-	var evs api.MachineEventList
+	var evs apitype.MachineEventList
 	if code != 0 || json.Unmarshal([]byte(out), &evs) != nil || evs.Machine != id {
 		t.Fatalf("machines events -o json: %d %s", code, out)
 	}

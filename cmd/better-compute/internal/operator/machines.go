@@ -1,4 +1,4 @@
-package main
+package operator
 
 import (
 	"encoding/json"
@@ -10,7 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/better-compute/bcd/controlplane/api"
+	"github.com/better-compute/bcd/controlplane/apitype"
 	"github.com/better-compute/bcd/internal/cli"
 	"github.com/better-compute/bcd/internal/human"
 	"github.com/better-compute/bcd/internal/secretfile"
@@ -66,11 +66,11 @@ func (b *bmcFlags) given() bool {
 
 // input is the BMC the flags give; the password is nil when neither the
 // file nor the environment has one.
-func (b *bmcFlags) input() (*api.MachineBMCInput, error) {
+func (b *bmcFlags) input() (*apitype.MachineBMCInput, error) {
 	if b.address == "" || b.user == "" {
 		return nil, cli.Usagef("--bmc-address and --bmc-user go together")
 	}
-	in := &api.MachineBMCInput{Address: b.address, Port: b.port, Username: b.user, CipherSuite: b.cipherSuite}
+	in := &apitype.MachineBMCInput{Address: b.address, Port: b.port, Username: b.user, CipherSuite: b.cipherSuite}
 	pw, err := bmcPassword(b.passwordFile)
 	if err != nil {
 		return nil, err
@@ -101,7 +101,7 @@ func bmcPassword(file string) (*string, error) {
 }
 
 func newMachinesAddCmd(af *apiFlags) *cobra.Command {
-	var in api.MachineCreate
+	var in apitype.MachineCreate
 	var bmc bmcFlags
 	var efi bool
 	cmd := &cobra.Command{
@@ -490,7 +490,7 @@ password it has. --clear removes the BMC.`,
 			if clear == bmc.given() {
 				return cli.Usagef("machines set-bmc: give the BMC flags or --clear")
 			}
-			var in *api.MachineBMCInput
+			var in *apitype.MachineBMCInput
 			if !clear {
 				var err error
 				if in, err = bmc.input(); err != nil {
@@ -501,7 +501,7 @@ password it has. --clear removes the BMC.`,
 			if err != nil {
 				return err
 			}
-			var m api.MachineInfo
+			var m apitype.MachineInfo
 			if clear {
 				m, err = c.ClearBMC(cmd.Context(), args[0])
 			} else {

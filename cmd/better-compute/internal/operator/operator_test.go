@@ -1,4 +1,4 @@
-package main
+package operator
 
 import (
 	"bytes"
@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/better-compute/bcd/controlplane"
-	"github.com/better-compute/bcd/controlplane/api"
+	"github.com/better-compute/bcd/controlplane/apitype"
 	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/pki"
 	"github.com/better-compute/bcd/protocol"
@@ -86,7 +86,7 @@ func TestTokensCreatePrintsOnlyTheToken(t *testing.T) {
 		t.Errorf("tokens list: %d\n%s", code, out)
 	}
 	code, out, _ = runCLI(t, "", "tokens", "list", "-o", "json")
-	var list []api.TokenInfo
+	var list []apitype.TokenInfo
 	if code != 0 || json.Unmarshal([]byte(out), &list) != nil || len(list) != 1 || list[0].ID != id {
 		t.Errorf("tokens list -o json: %d %s", code, out)
 	}

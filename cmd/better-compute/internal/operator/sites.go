@@ -1,4 +1,4 @@
-package main
+package operator
 
 import (
 	"fmt"
@@ -6,8 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/better-compute/bcd/controlplane/api"
-	"github.com/better-compute/bcd/controlplane/store"
+	"github.com/better-compute/bcd/controlplane/apitype"
 	"github.com/better-compute/bcd/internal/cli"
 	"github.com/better-compute/bcd/protocol"
 )
@@ -27,14 +26,14 @@ func newSitesCmd() *cobra.Command {
 agent minted (auto, the default) or waits until an operator runs machines approve (manual).`,
 		Args: cli.ExactArgs(1, "the site name"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if approve != store.ApprovalAuto && approve != store.ApprovalManual {
+			if approve != apitype.ApprovalAuto && approve != apitype.ApprovalManual {
 				return cli.Usagef("sites create: --approve %q: want auto or manual", approve)
 			}
 			c, err := af.client()
 			if err != nil {
 				return err
 			}
-			s, err := c.CreateSiteWith(cmd.Context(), api.SiteCreate{Name: args[0], Approval: approve})
+			s, err := c.CreateSiteWith(cmd.Context(), apitype.SiteCreate{Name: args[0], Approval: approve})
 			if err != nil {
 				return fmt.Errorf("sites create: %w", err)
 			}
@@ -45,7 +44,7 @@ agent minted (auto, the default) or waits until an operator runs machines approv
 			return err
 		},
 	}
-	create.Flags().StringVar(&approve, "approve", store.ApprovalAuto, "auto or manual: how a machine's ramdisk is let in")
+	create.Flags().StringVar(&approve, "approve", apitype.ApprovalAuto, "auto or manual: how a machine's ramdisk is let in")
 	list := &cobra.Command{
 		Use:   "list",
 		Short: "List sites",

@@ -1,4 +1,4 @@
-package main
+package operator
 
 import (
 	"fmt"
@@ -7,7 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/better-compute/bcd/controlplane/api"
+	"github.com/better-compute/bcd/controlplane/apitype"
 	"github.com/better-compute/bcd/internal/cli"
 	"github.com/better-compute/bcd/protocol"
 )
@@ -122,7 +122,7 @@ as a new node. Without --yes it says what it would delete and exits 2.`,
 			if err != nil {
 				return err
 			}
-			out, err := c.CreateCommand(cmd.Context(), args[0], api.CommandCreate{Kind: protocol.KindNodeReboot})
+			out, err := c.CreateCommand(cmd.Context(), args[0], apitype.CommandCreate{Kind: protocol.KindNodeReboot})
 			if err != nil {
 				return fmt.Errorf("nodes reboot: %w", err)
 			}
@@ -137,7 +137,7 @@ as a new node. Without --yes it says what it would delete and exits 2.`,
 	return cmd
 }
 
-func nodeState(n api.NodeInfo) string {
+func nodeState(n apitype.NodeInfo) string {
 	if n.Cordoned {
 		return n.State + ",cordoned"
 	}

@@ -1,4 +1,4 @@
-package main
+package operator
 
 import (
 	"fmt"
@@ -7,7 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/better-compute/bcd/controlplane/api"
+	"github.com/better-compute/bcd/controlplane/apitype"
 	"github.com/better-compute/bcd/internal/cli"
 )
 
@@ -19,7 +19,7 @@ func newTokensCmd() *cobra.Command {
 	}
 	addAPIFlags(cmd, &af)
 
-	var in api.TokenCreate
+	var in apitype.TokenCreate
 	var ttl time.Duration
 	create := &cobra.Command{
 		Use:   "create --pool P --site S --role node|site",
@@ -85,7 +85,7 @@ joins with it and bcd join --node-id (and gets that id).`,
 			fmt.Fprintln(tw, "ID\tPOOL\tSITE\tROLE\tCREATED\tEXPIRES\tSTATE")
 			for _, t := range toks {
 				state := t.State
-				if state == api.TokenUsed && t.UsedBy != "" {
+				if state == apitype.TokenUsed && t.UsedBy != "" {
 					state += " by " + t.UsedBy
 				}
 				if t.NodeID != "" {
