@@ -271,6 +271,26 @@ func TestMachinesCLI(t *testing.T) {
 	if code, _, errOut = runCLI(t, "", deploy...); code != 1 || !strings.Contains(errOut, "ALREADY_EXISTS") || !strings.Contains(errOut, "machines cancel") {
 		t.Errorf("deploy while deploying: %d %s", code, errOut)
 	}
+	// While it deploys, the machine is the lifecycle's: a spec change, a
+	// manual BMC command and a delete are refused, naming the deployment;
+	// an approval (which a deploy may wait for) is not.
+	dep := strings.TrimSpace(out)
+	busy := "machine " + id + " is pxe-booting (" + dep + "): cancel it first"
+	for _, args := range [][]string{
+		{"machines", "firmware", "r1u1", "uefi"},
+		{"machines", "boot", "r1u1", "local"},
+		{"machines", "set-bmc", "r1u1", "--clear"},
+		{"machines", "power", "r1u1", "off"},
+		{"machines", "bootdev", "r1u1", "disk"},
+		{"machines", "delete", "r1u1", "--yes"},
+	} {
+		if code, _, errOut := runCLI(t, "", args...); code != 1 || !strings.Contains(errOut, "MACHINE_BUSY") || !strings.Contains(errOut, busy) {
+			t.Errorf("%s during a deploy: exit %d, %s (want MACHINE_BUSY and %q)", strings.Join(args[:2], " "), code, errOut, busy)
+		}
+	}
+	if code, out, _ = runCLI(t, "", "machines", "show", "r1u1"); code != 0 || !strings.Contains(out, "pxe-booting") || !strings.Contains(out, "FIRMWARE:") {
+		t.Errorf("show after the refused changes: %d\n%s", code, out)
+	}
 	if code, out, errOut = runCLI(t, "", "machines", "cancel", "r1u1"); code != 0 || !strings.Contains(out, "cancelled; failed: cancelled by operator") {
 		t.Errorf("cancel: %d %s %s", code, out, errOut)
 	}
