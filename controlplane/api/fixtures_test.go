@@ -54,7 +54,7 @@ func fullCommand() store.Command {
 func fullMachine() store.Machine {
 	return store.Machine{ID: "m_1", Site: "fsn1",
 		MachineSpec: store.MachineSpec{Name: "web1", MACs: []string{"52:54:00:00:00:01", "52:54:00:00:00:02"},
-			BMC: &store.MachineBMC{Address: "10.0.0.9", Port: 6230, Username: "admin", Password: "hunter2", CipherSuite: 17},
+			BMC:      &store.MachineBMC{Address: "10.0.0.9", Port: 6230, Username: "admin", Password: "hunter2", CipherSuite: 17},
 			Firmware: store.FirmwareUEFI, Approved: true},
 		MachineStatus: store.MachineStatus{BootMode: protocol.BootRamdisk, State: store.MachineFailed, StateReason: "why",
 			StateChangedAt: t2, RamdiskNode: "n_r", Node: "n_1", Deployment: "dep_1"},
