@@ -13,6 +13,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/insomniacslk/dhcp/dhcpv4"
 	"github.com/insomniacslk/dhcp/dhcpv4/nclient4"
+
+	"github.com/better-compute/bcd/protocol"
 )
 
 var (
@@ -23,7 +25,7 @@ var (
 )
 
 func mustMAC(s string) net.HardwareAddr {
-	m, err := ParseMAC(s)
+	m, err := protocol.ParseMAC(s)
 	if err != nil {
 		panic(err)
 	}

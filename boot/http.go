@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/better-compute/bcd/ipxe"
+	"github.com/better-compute/bcd/protocol"
 )
 
 // HTTPServer serves what iPXE fetches: the per-machine script at
@@ -119,7 +120,7 @@ func (s *HTTPServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case p == "/ramdisk/initrd" && s.RamdiskDir != "":
 		s.serveFile(w, r, s.RamdiskDir, "initrd", ServedInitrd)
 	case strings.HasPrefix(p, "/ipxe/") && strings.HasSuffix(p, ".ipxe"):
-		mac, err := ParseMAC(strings.TrimSuffix(strings.TrimPrefix(p, "/ipxe/"), ".ipxe"))
+		mac, err := protocol.ParseMAC(strings.TrimSuffix(strings.TrimPrefix(p, "/ipxe/"), ".ipxe"))
 		if err != nil {
 			http.NotFound(w, r)
 			return

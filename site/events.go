@@ -215,7 +215,7 @@ func (r *reporter) emit(mb protocol.MachineBooted) {
 		r.ips[ip] = ipMAC{mac: mac, seen: r.now()}
 		r.mu.Unlock()
 	}
-	hw, _ := net.ParseMAC(mb.MAC)
+	hw, _ := protocol.ParseMAC(mb.MAC)
 	mb.Machine = r.machine(hw)
 	data, err := json.Marshal(mb)
 	if err != nil {

@@ -137,7 +137,7 @@ func (s *Server) machine(r *http.Request) (store.Machine, error) {
 	case ids.Valid(ids.PrefixMachine, ref):
 		m, err = s.Store.GetMachine(ctx, ref)
 	case machines.LooksLikeMAC(ref):
-		mac, _ := machines.NormalizeMAC(ref)
+		mac, _ := protocol.NormalizeMAC(ref)
 		m, err = s.Store.FindMachineByMAC(ctx, mac)
 	default:
 		var ms []store.Machine
@@ -184,7 +184,7 @@ func (s *Server) createMachine(w http.ResponseWriter, r *http.Request) error {
 	}
 	macs := make([]string, 0, len(in.MACs))
 	for _, raw := range in.MACs {
-		mac, err := machines.NormalizeMAC(raw)
+		mac, err := protocol.NormalizeMAC(raw)
 		if err != nil {
 			return httpjson.Errorf(protocol.CodeInvalidInput, "macs: %v", err)
 		}

@@ -151,7 +151,7 @@ func NewDiscoveryAttestor(st DiscoveryStore) Attestor {
 // claimsMAC reports whether the claims list mac, in whatever spelling.
 func claimsMAC(c protocol.Claims, mac string) bool {
 	for _, m := range c.MACs {
-		if n, err := machines.NormalizeMAC(m); err == nil && n == mac {
+		if n, err := protocol.NormalizeMAC(m); err == nil && n == mac {
 			return true
 		}
 	}
