@@ -1,8 +1,6 @@
 package boot
 
 import (
-	"crypto/rand"
-	"encoding/base64"
 	"fmt"
 	"net"
 	"net/netip"
@@ -131,16 +129,6 @@ type NonceMinterFunc func(mac net.HardwareAddr) (string, error)
 
 // MintNonce calls f.
 func (f NonceMinterFunc) MintNonce(mac net.HardwareAddr) (string, error) { return f(mac) }
-
-// RandomNonce returns 32 random bytes, base64url without padding: a nonce fit for a
-// kernel command line.
-func RandomNonce() (string, error) {
-	var b [32]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return "", fmt.Errorf("minting a boot nonce: %w", err)
-	}
-	return base64.RawURLEncoding.EncodeToString(b[:]), nil
-}
 
 // smbiosUUID formats DHCP option 97 (type 0, then 16 bytes) the way Linux shows the
 // SMBIOS system UUID: firmware sends the first three fields little-endian.

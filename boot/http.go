@@ -46,7 +46,7 @@ type HTTPServer struct {
 	// proxyDHCP hands UEFI HTTP boot clients {URL}/ipxe/{EFIBinary}. Empty serves
 	// none.
 	BinDir string
-	// Nonces mints the boot nonce of each ramdisk script; nil uses RandomNonce
+	// Nonces mints the boot nonce of each ramdisk script; nil uses protocol.NewBootNonce
 	// (the nonce then reaches the site agent only through the Observer).
 	Nonces NonceMinter
 	// Observer hears of every script, kernel, initrd and binary served; nil
@@ -206,7 +206,7 @@ func (s *HTTPServer) serveScript(w http.ResponseWriter, r *http.Request, mac net
 
 func (s *HTTPServer) mintNonce(mac net.HardwareAddr) (string, error) {
 	if s.Nonces == nil {
-		return RandomNonce()
+		return protocol.NewBootNonce()
 	}
 	n, err := s.Nonces.MintNonce(mac)
 	if err != nil {

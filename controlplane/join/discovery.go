@@ -10,7 +10,6 @@ import (
 
 	"github.com/better-compute/bcd/controlplane/httpjson"
 	"github.com/better-compute/bcd/controlplane/ids"
-	"github.com/better-compute/bcd/controlplane/machines"
 	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/controlplane/token"
 	"github.com/better-compute/bcd/internal/human"
@@ -60,7 +59,7 @@ func NewDiscoveryAttestor(st DiscoveryStore) Attestor {
 			return Verdict{}, refuse(protocol.CodeInvalidInput, "the %s attestor takes a boot_nonce, not a join token", protocol.AttestorDiscovery)
 		case req.BootNonce == "":
 			return Verdict{}, refuse(protocol.CodeInvalidInput, "the %s attestor needs boot_nonce (%s from the kernel command line)", protocol.AttestorDiscovery, protocol.CmdlineBootNonce)
-		case !machines.ValidNonce(req.BootNonce):
+		case !protocol.ValidBootNonce(req.BootNonce):
 			// Never echoed: whatever it is, it was meant to be secret.
 			return Verdict{}, refuse(protocol.CodeInvalidInput, "boot_nonce is not a boot nonce (16 to 256 printable characters, no spaces or quotes)")
 		}

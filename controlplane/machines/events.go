@@ -145,7 +145,7 @@ func (e *Events) nonce(ctx context.Context, node store.Node, ev protocol.Event) 
 	switch {
 	case macErr != nil:
 		why = "no valid MAC"
-	case !ValidNonce(b.Nonce):
+	case !protocol.ValidBootNonce(b.Nonce):
 		why = "not a valid nonce"
 	case !now.Before(b.ExpiresAt):
 		why = "already expired"
