@@ -1,14 +1,14 @@
 package boot
 
 import (
-	"crypto/rand"
-	"encoding/base64"
 	"fmt"
 	"net"
 	"net/netip"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/better-compute/bcd/protocol"
 )
 
 // Boot modes of an Entry.
@@ -45,11 +45,11 @@ type MemTable struct {
 	entries map[[6]byte]Entry
 }
 
-// Set replaces the table's entries. Keys are MACs as ParseMAC accepts them.
+// Set replaces the table's entries. Keys are MACs as protocol.ParseMAC accepts them.
 func (t *MemTable) Set(entries map[string]Entry) error {
 	m := make(map[[6]byte]Entry, len(entries))
 	for k, e := range entries {
-		mac, err := ParseMAC(k)
+		mac, err := protocol.ParseMAC(k)
 		if err != nil {
 			return err
 		}
@@ -129,54 +129,6 @@ type NonceMinterFunc func(mac net.HardwareAddr) (string, error)
 
 // MintNonce calls f.
 func (f NonceMinterFunc) MintNonce(mac net.HardwareAddr) (string, error) { return f(mac) }
-
-// RandomNonce returns 32 random bytes, base64url without padding: a nonce fit for a
-// kernel command line.
-func RandomNonce() (string, error) {
-	var b [32]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return "", fmt.Errorf("minting a boot nonce: %w", err)
-	}
-	return base64.RawURLEncoding.EncodeToString(b[:]), nil
-}
-
-// ParseMAC accepts a 6-byte Ethernet MAC written aa:bb:cc:dd:ee:ff or
-// aa-bb-cc-dd-ee-ff, in either case, and nothing else.
-func ParseMAC(s string) (net.HardwareAddr, error) {
-	if len(s) != 17 {
-		return nil, fmt.Errorf("MAC address %q: not 6 bytes written aa:bb:cc:dd:ee:ff", s)
-	}
-	sep := s[2]
-	if sep != ':' && sep != '-' {
-		return nil, fmt.Errorf("MAC address %q: not 6 bytes written aa:bb:cc:dd:ee:ff", s)
-	}
-	mac := make(net.HardwareAddr, 6)
-	for i := range mac {
-		o := i * 3
-		if i > 0 && s[o-1] != sep {
-			return nil, fmt.Errorf("MAC address %q: mixed separators", s)
-		}
-		hi, ok1 := unhex(s[o])
-		lo, ok2 := unhex(s[o+1])
-		if !ok1 || !ok2 {
-			return nil, fmt.Errorf("MAC address %q: not hexadecimal", s)
-		}
-		mac[i] = hi<<4 | lo
-	}
-	return mac, nil
-}
-
-func unhex(c byte) (byte, bool) {
-	switch {
-	case '0' <= c && c <= '9':
-		return c - '0', true
-	case 'a' <= c && c <= 'f':
-		return c - 'a' + 10, true
-	case 'A' <= c && c <= 'F':
-		return c - 'A' + 10, true
-	}
-	return 0, false
-}
 
 // smbiosUUID formats DHCP option 97 (type 0, then 16 bytes) the way Linux shows the
 // SMBIOS system UUID: firmware sends the first three fields little-endian.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/better-compute/bcd/boot"
 	"github.com/better-compute/bcd/ipxe"
+	"github.com/better-compute/bcd/protocol"
 )
 
 // Example wires the three servers the way bcd site does from [boot]: one table, one
@@ -22,7 +23,7 @@ func Example() {
 		slog.Info("machine served", "what", e.Served, "mac", e.MAC, "ip", e.IP, "nonce_minted", e.Nonce != "")
 	})
 	minter := boot.NonceMinterFunc(func(mac net.HardwareAddr) (string, error) {
-		return boot.RandomNonce() // the site agent also records it for the control plane
+		return protocol.NewBootNonce() // the site agent also records it for the control plane
 	})
 	dhcp := &boot.ProxyDHCP{
 		Interface: "eno1",

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/better-compute/bcd/ipxe"
+	"github.com/better-compute/bcd/protocol"
 )
 
 // HTTPServer serves what iPXE fetches: the per-machine script at
@@ -45,7 +46,7 @@ type HTTPServer struct {
 	// proxyDHCP hands UEFI HTTP boot clients {URL}/ipxe/{EFIBinary}. Empty serves
 	// none.
 	BinDir string
-	// Nonces mints the boot nonce of each ramdisk script; nil uses RandomNonce
+	// Nonces mints the boot nonce of each ramdisk script; nil uses protocol.NewBootNonce
 	// (the nonce then reaches the site agent only through the Observer).
 	Nonces NonceMinter
 	// Observer hears of every script, kernel, initrd and binary served; nil
@@ -119,7 +120,7 @@ func (s *HTTPServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case p == "/ramdisk/initrd" && s.RamdiskDir != "":
 		s.serveFile(w, r, s.RamdiskDir, "initrd", ServedInitrd)
 	case strings.HasPrefix(p, "/ipxe/") && strings.HasSuffix(p, ".ipxe"):
-		mac, err := ParseMAC(strings.TrimSuffix(strings.TrimPrefix(p, "/ipxe/"), ".ipxe"))
+		mac, err := protocol.ParseMAC(strings.TrimSuffix(strings.TrimPrefix(p, "/ipxe/"), ".ipxe"))
 		if err != nil {
 			http.NotFound(w, r)
 			return
@@ -205,7 +206,7 @@ func (s *HTTPServer) serveScript(w http.ResponseWriter, r *http.Request, mac net
 
 func (s *HTTPServer) mintNonce(mac net.HardwareAddr) (string, error) {
 	if s.Nonces == nil {
-		return RandomNonce()
+		return protocol.NewBootNonce()
 	}
 	n, err := s.Nonces.MintNonce(mac)
 	if err != nil {

@@ -5,9 +5,10 @@ import (
 	"embed"
 	"fmt"
 	"io"
-	"net"
 	"strings"
 	"text/template"
+
+	"github.com/better-compute/bcd/protocol"
 )
 
 //go:embed ramdisk.ipxe local.ipxe unknown.ipxe
@@ -120,7 +121,7 @@ func check(mac, scriptURL string, retry int) error {
 }
 
 func checkMAC(mac string) error {
-	hw, err := net.ParseMAC(mac)
+	hw, err := protocol.ParseMAC(mac)
 	if err != nil || len(hw) != 6 || hw.String() != mac {
 		return fmt.Errorf("%w: MAC is not of the form aa:bb:cc:dd:ee:ff", ErrInvalid)
 	}

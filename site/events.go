@@ -2,10 +2,7 @@ package site
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"encoding/json"
-	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -215,7 +212,7 @@ func (r *reporter) emit(mb protocol.MachineBooted) {
 		r.ips[ip] = ipMAC{mac: mac, seen: r.now()}
 		r.mu.Unlock()
 	}
-	hw, _ := net.ParseMAC(mb.MAC)
+	hw, _ := protocol.ParseMAC(mb.MAC)
 	mb.Machine = r.machine(hw)
 	data, err := json.Marshal(mb)
 	if err != nil {
@@ -233,15 +230,6 @@ func (r *reporter) emit(mb protocol.MachineBooted) {
 	}
 }
 
-// NewNonce returns a boot nonce: 128 random bits, base64url without padding.
-func NewNonce() (string, error) {
-	var b [16]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return "", fmt.Errorf("boot nonce: %w", err)
-	}
-	return base64.RawURLEncoding.EncodeToString(b[:]), nil
-}
-
 // errNonceNotJournaled makes the boot HTTP server answer 503: a nonce the control
 // plane may never hear of must not reach a machine.
 type errNonceNotJournaled struct{ err error }
@@ -255,7 +243,7 @@ func (e *errNonceNotJournaled) Unwrap() error { return e.err }
 // when the session is up) before returning it, so the control plane hears of every
 // nonce before the script that carries it leaves. The nonce itself is never logged.
 func (r *reporter) MintNonce(mac net.HardwareAddr) (string, error) {
-	nonce, err := NewNonce()
+	nonce, err := protocol.NewBootNonce()
 	if err != nil {
 		return "", err
 	}

@@ -8,6 +8,8 @@ import (
 	"net/netip"
 	"os"
 	"strings"
+
+	"github.com/better-compute/bcd/protocol"
 )
 
 // arpTable is the kernel's IPv4 neighbour table. A machine that fetched a file by
@@ -42,8 +44,8 @@ func parseARP(r io.Reader, ip netip.Addr) net.HardwareAddr {
 		if len(f) < 4 || f[0] != want || f[2] == "0x0" {
 			continue
 		}
-		mac, err := net.ParseMAC(f[3])
-		if err != nil || len(mac) != 6 || bytes.Equal(mac, make([]byte, 6)) {
+		mac, err := protocol.ParseMAC(f[3])
+		if err != nil || bytes.Equal(mac, make([]byte, 6)) {
 			continue
 		}
 		return mac

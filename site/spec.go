@@ -117,7 +117,7 @@ func parseBootSection(raw json.RawMessage) (*bootTable, error) {
 	}
 	t := &bootTable{entries: map[string]boot.Entry{}, machines: map[string]string{}}
 	for i, e := range sec.Entries {
-		mac, err := boot.ParseMAC(e.MAC)
+		mac, err := protocol.ParseMAC(e.MAC)
 		if err != nil {
 			t.skipped = append(t.skipped, fmt.Sprintf("entry %d: %v", i, err))
 			continue

@@ -16,6 +16,7 @@ import (
 	"github.com/better-compute/bcd/boot"
 	"github.com/better-compute/bcd/internal/testenv"
 	"github.com/better-compute/bcd/ipxe"
+	"github.com/better-compute/bcd/protocol"
 )
 
 // The lab's provisioning network: the bridge holds the boot server's address; the
@@ -111,7 +112,7 @@ func newPXELab(t *testing.T, macs map[string]string) *pxeLab {
 		Params: ipxe.Params{GatewayURL: "https://10.20.0.2:8444", ServerName: "gw.lab.test", Site: "lab",
 			ServingCAPin: testPin, JoinSigningPin: testPin, JoinEncryptionPin: testPin},
 		Nonces: boot.NonceMinterFunc(func(mac net.HardwareAddr) (string, error) {
-			n, err := boot.RandomNonce()
+			n, err := protocol.NewBootNonce()
 			lab.mu.Lock()
 			lab.nonces[mac.String()] = n
 			lab.mu.Unlock()

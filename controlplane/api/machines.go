@@ -130,7 +130,7 @@ func (s *Server) machine(r *http.Request) (store.Machine, error) {
 	case ids.Valid(ids.PrefixMachine, ref):
 		m, err = s.Store.GetMachine(ctx, ref)
 	case machines.LooksLikeMAC(ref):
-		mac, _ := machines.NormalizeMAC(ref)
+		mac, _ := protocol.NormalizeMAC(ref)
 		m, err = s.Store.FindMachineByMAC(ctx, mac)
 	default:
 		var ms []store.Machine

@@ -3,11 +3,9 @@ package cptest
 import (
 	"context"
 	"crypto/ecdsa"
-	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"path/filepath"
@@ -101,9 +99,10 @@ func NewMachine(t testing.TB, s store.Store, mut func(*store.Machine)) store.Mac
 // boot.nonce event would, expiring after ttl, and returns the nonce.
 func NewNonce(t testing.TB, s store.Store, site, mac string, ttl time.Duration) string {
 	t.Helper()
-	b := make([]byte, 24)
-	rand.Read(b)
-	nonce := hex.EncodeToString(b)
+	nonce, err := protocol.NewBootNonce()
+	if err != nil {
+		t.Fatal(err)
+	}
 	now := time.Now()
 	machine := ""
 	if m, err := s.FindMachineByMAC(context.Background(), mac); err == nil {

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/better-compute/bcd/controlplane/ids"
-	"github.com/better-compute/bcd/controlplane/machines"
 	"github.com/better-compute/bcd/controlplane/refusal"
 	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/controlplane/token"
@@ -60,7 +59,7 @@ func NewDiscoveryAttestor(st DiscoveryStore) Attestor {
 			return Verdict{}, refuse(protocol.CodeInvalidInput, "the %s attestor takes a boot_nonce, not a join token", protocol.AttestorDiscovery)
 		case req.BootNonce == "":
 			return Verdict{}, refuse(protocol.CodeInvalidInput, "the %s attestor needs boot_nonce (%s from the kernel command line)", protocol.AttestorDiscovery, protocol.CmdlineBootNonce)
-		case !machines.ValidNonce(req.BootNonce):
+		case !protocol.ValidBootNonce(req.BootNonce):
 			// Never echoed: whatever it is, it was meant to be secret.
 			return Verdict{}, refuse(protocol.CodeInvalidInput, "boot_nonce is not a boot nonce (16 to 256 printable characters, no spaces or quotes)")
 		}
@@ -151,7 +150,7 @@ func NewDiscoveryAttestor(st DiscoveryStore) Attestor {
 // claimsMAC reports whether the claims list mac, in whatever spelling.
 func claimsMAC(c protocol.Claims, mac string) bool {
 	for _, m := range c.MACs {
-		if n, err := machines.NormalizeMAC(m); err == nil && n == mac {
+		if n, err := protocol.NormalizeMAC(m); err == nil && n == mac {
 			return true
 		}
 	}

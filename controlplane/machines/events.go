@@ -81,7 +81,7 @@ func (e *Events) booted(ctx context.Context, node store.Node, ev protocol.Event)
 		e.log().Warn("machine.booted: ignoring malformed data", "node", node.ID, "err", err)
 		return nil
 	}
-	mac, err := NormalizeMAC(b.MAC)
+	mac, err := protocol.NormalizeMAC(b.MAC)
 	if err != nil || !validStage(b.Stage) {
 		e.log().Warn("machine.booted: ignoring an event without a MAC and stage", "node", node.ID, "mac", human.Short(b.MAC), "stage", human.Short(b.Stage))
 		return nil
@@ -140,12 +140,12 @@ func (e *Events) nonce(ctx context.Context, node store.Node, ev protocol.Event) 
 		return ev, nil
 	}
 	now := e.now()
-	mac, macErr := NormalizeMAC(b.MAC)
+	mac, macErr := protocol.NormalizeMAC(b.MAC)
 	var why string
 	switch {
 	case macErr != nil:
 		why = "no valid MAC"
-	case !ValidNonce(b.Nonce):
+	case !protocol.ValidBootNonce(b.Nonce):
 		why = "not a valid nonce"
 	case !now.Before(b.ExpiresAt):
 		why = "already expired"

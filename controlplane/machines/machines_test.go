@@ -18,25 +18,6 @@ import (
 
 var ctx = context.Background()
 
-func TestNormalizeMAC(t *testing.T) {
-	for in, want := range map[string]string{
-		"52:54:00:12:34:56":  "52:54:00:12:34:56",
-		"52:54:00:AB:cd:EF":  "52:54:00:ab:cd:ef",
-		"52-54-00-ab-cd-ef":  "52:54:00:ab:cd:ef",
-		"5254.00ab.cdef":     "52:54:00:ab:cd:ef",
-		" 52:54:00:ab:cd:ef": "52:54:00:ab:cd:ef",
-	} {
-		if got, err := NormalizeMAC(in); err != nil || got != want {
-			t.Errorf("NormalizeMAC(%q) = %q, %v; want %q", in, got, err, want)
-		}
-	}
-	for _, bad := range []string{"", "52:54:00:12:34", "00:00:00:00:fe:80:00:00:00:00:00:00:02:00:5e:10:00:00:00:01", "zz:54:00:12:34:56", "m_x"} {
-		if _, err := NormalizeMAC(bad); err == nil {
-			t.Errorf("NormalizeMAC(%q) accepted", bad)
-		}
-	}
-}
-
 func TestSpecs(t *testing.T) {
 	st := cptest.NewStore(t)
 	specs := &Specs{Store: st, GatewayURL: "https://gw.example.test"}
@@ -272,24 +253,6 @@ func FuzzEvents(f *testing.F) {
 		}
 		if kind == protocol.EventBootNonce && len(data) > 8 && strings.Contains(string(out.Data)+out.Message, string(data)) {
 			t.Fatalf("the stored boot.nonce carries the agent's data")
-		}
-	})
-}
-
-func FuzzNormalizeMAC(f *testing.F) {
-	for _, s := range []string{"52:54:00:12:34:56", "52-54-00-AB-CD-EF", "5254.00ab.cdef", "", "::::::"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		m, err := NormalizeMAC(s)
-		if err != nil {
-			return
-		}
-		if len(m) != 17 || strings.ToLower(m) != m {
-			t.Fatalf("%q normalised to %q", s, m)
-		}
-		if again, err := NormalizeMAC(m); err != nil || again != m {
-			t.Fatalf("%q is not stable: %q %v", m, again, err)
 		}
 	})
 }

@@ -129,7 +129,7 @@ func (s *Service) Create(ctx context.Context, in NewMachine) (store.Machine, err
 	}
 	macs := make([]string, 0, len(in.MACs))
 	for _, raw := range in.MACs {
-		mac, err := NormalizeMAC(raw)
+		mac, err := protocol.NormalizeMAC(raw)
 		if err != nil {
 			return store.Machine{}, refusal.New(protocol.CodeInvalidInput, "macs: %v", err)
 		}
