@@ -360,9 +360,17 @@ func (s *Server) inventory(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) deploy(w http.ResponseWriter, r *http.Request) error {
+	if err := s.machines().CanDeploy(); err != nil {
+		return err
+	}
 	var in apitype.DeployCreate
 	if err := decode(r, &in); err != nil {
 		return err
+	}
+	// The one place a deploy's defaults and checks are applied.
+	in.Normalize()
+	if err := in.Validate(); err != nil {
+		return httpjson.Errorf(protocol.CodeInvalidInput, "%v", err)
 	}
 	m, err := s.machine(r)
 	if err != nil {

@@ -2,6 +2,8 @@ package apitype
 
 import (
 	"encoding/json"
+	"fmt"
+	"strings"
 	"time"
 
 	"github.com/better-compute/bcd/protocol"
@@ -173,6 +175,42 @@ type DeployCreate struct {
 	Cmdline string `json:"cmdline,omitempty"`
 	// Pool is the installed OS's node pool; "" means DefaultPool.
 	Pool string `json:"pool,omitempty"`
+}
+
+// Normalize fills in a deploy's defaults: after kexec (a deployment ends
+// with the installed OS running) and DefaultPool. With Validate it is the one
+// place a deploy's defaults and checks live: the api calls both once, at its
+// edge, and the CLI calls them before it sends, to answer a bad flag with a
+// usage error.
+func (d *DeployCreate) Normalize() {
+	if d.After == "" {
+		d.After = protocol.AfterKexec
+	}
+	if d.Pool == "" {
+		d.Pool = DefaultPool
+	}
+	d.Image.SHA256 = strings.ToLower(d.Image.SHA256)
+}
+
+// Validate checks a normalized deploy as its deploy.image will be checked,
+// without the files each attempt adds. The error names the field at fault.
+func (d DeployCreate) Validate() error {
+	if d.After != protocol.AfterKexec && d.After != protocol.AfterReboot {
+		return fmt.Errorf("after %q: a deployment ends with the installed OS running: want kexec or reboot", cut(d.After))
+	}
+	if !protocol.ValidName(d.Pool) {
+		return fmt.Errorf("pool %q: %s", cut(d.Pool), protocol.NameRule)
+	}
+	p := protocol.DeployImageParams{Image: d.Image, Target: d.Target, After: protocol.DeployAfter{Action: d.After, Cmdline: d.Cmdline}}
+	return p.Validate()
+}
+
+// cut shortens a value quoted back in an error.
+func cut(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
 }
 
 // DeploySpec is what a deployment installs.

@@ -3,7 +3,6 @@ package ids
 import (
 	"crypto/rand"
 	"encoding/binary"
-	"regexp"
 	"time"
 
 	"github.com/better-compute/bcd/controlplane/refusal"
@@ -80,19 +79,11 @@ func isDigit(c byte) bool {
 	return false
 }
 
-// namePattern is what a name an operator gives may be: a site, a pool, a
-// machine. Short, lowercase and free of separators, so it is safe in paths,
-// tables and log lines.
-var namePattern = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
-
-// ValidName reports whether v is a name an operator may give.
-func ValidName(v string) bool { return namePattern.MatchString(v) }
-
-// CheckName refuses (INVALID_INPUT) a name that is not ValidName, quoting
+// CheckName refuses (INVALID_INPUT) a name that is not protocol.ValidName, quoting
 // it cut short and naming what it is for.
 func CheckName(what, v string) error {
-	if !ValidName(v) {
-		return refusal.New(protocol.CodeInvalidInput, "%s %q: want 1 to 63 characters of a-z, 0-9, _, . and -, starting with a letter or digit", what, human.ShortN(v, 80))
+	if !protocol.ValidName(v) {
+		return refusal.New(protocol.CodeInvalidInput, "%s %q: %s", what, human.ShortN(v, 80), protocol.NameRule)
 	}
 	return nil
 }

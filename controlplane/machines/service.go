@@ -391,26 +391,28 @@ func (s *Service) enqueue(ctx context.Context, m store.Machine, node, kind strin
 	return c, nil
 }
 
-// Deploy normalizes and validates spec — the one place a deployment's
-// defaults and checks live — and starts it through the Lifecycle.
+// Deploy starts a deployment of m through the Lifecycle. spec was
+// normalized and validated at the api edge (apitype.DeployCreate).
 func (s *Service) Deploy(ctx context.Context, m store.Machine, spec store.DeploySpec) (store.Deployment, store.Machine, error) {
-	if s.Lifecycle == nil {
-		return store.Deployment{}, store.Machine{}, refusal.New(protocol.CodeUnsupported, "this api runs without the machine lifecycle (better-compute serve runs it)")
-	}
-	spec.Normalize()
-	if err := spec.Validate(); err != nil {
-		if refusal.As(err) != nil {
-			return store.Deployment{}, store.Machine{}, err
-		}
-		return store.Deployment{}, store.Machine{}, refusal.New(protocol.CodeInvalidInput, "deploy: %v", err)
+	if err := s.CanDeploy(); err != nil {
+		return store.Deployment{}, store.Machine{}, err
 	}
 	return s.Lifecycle.Deploy(ctx, m, spec)
 }
 
+// CanDeploy refuses (UNSUPPORTED) when the Service has no Lifecycle to run
+// deployments.
+func (s *Service) CanDeploy() error {
+	if s.Lifecycle == nil {
+		return refusal.New(protocol.CodeUnsupported, "this api runs without the machine lifecycle (better-compute serve runs it)")
+	}
+	return nil
+}
+
 // Cancel stops the machine's running deployment.
 func (s *Service) Cancel(ctx context.Context, m store.Machine) (store.Deployment, error) {
-	if s.Lifecycle == nil {
-		return store.Deployment{}, refusal.New(protocol.CodeUnsupported, "this api runs without the machine lifecycle (better-compute serve runs it)")
+	if err := s.CanDeploy(); err != nil {
+		return store.Deployment{}, err
 	}
 	return s.Lifecycle.Cancel(ctx, m)
 }

@@ -3,11 +3,8 @@ package store
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
-	"github.com/better-compute/bcd/controlplane/ids"
-	"github.com/better-compute/bcd/internal/human"
 	"github.com/better-compute/bcd/protocol"
 )
 
@@ -32,34 +29,6 @@ type DeploySpec struct {
 	After   string `json:"after"`
 	Cmdline string `json:"cmdline,omitempty"`
 	Pool    string `json:"pool"`
-}
-
-// DefaultPool is the pool an installed OS joins when the deploy names none.
-const DefaultPool = "default"
-
-// Normalize fills in the defaults of a deployment's spec: after kexec (a
-// deployment ends with the installed OS running) and DefaultPool. It is
-// called once, at the api edge, before Validate.
-func (s *DeploySpec) Normalize() {
-	if s.After == "" {
-		s.After = protocol.AfterKexec
-	}
-	if s.Pool == "" {
-		s.Pool = DefaultPool
-	}
-}
-
-// Validate checks a normalized spec as its deploy.image will be checked,
-// without the files each attempt adds. The error names the field at fault.
-func (s DeploySpec) Validate() error {
-	if s.After != protocol.AfterKexec && s.After != protocol.AfterReboot {
-		return fmt.Errorf("after %q: a deployment ends with the installed OS running: want kexec or reboot", human.Short(s.After))
-	}
-	if err := ids.CheckName("pool", s.Pool); err != nil {
-		return err
-	}
-	p := s.Params(nil)
-	return p.Validate()
 }
 
 // Params are the deploy.image params of the spec with files.

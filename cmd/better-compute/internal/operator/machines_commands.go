@@ -219,15 +219,14 @@ better-compute machines list and better-compute machines events M.`,
 			if in.Target.Serial != "" && in.Target.Path != "" {
 				return cli.Usagef("machines deploy: give --disk-serial or --disk-path, not both")
 			}
-			switch in.After {
-			case protocol.AfterKexec, protocol.AfterReboot:
-			default:
-				return cli.Usagef("machines deploy: --after %q: want kexec or reboot", in.After)
-			}
 			if wait && timeout <= 0 {
 				return cli.Usagef("machines deploy: --timeout %v: want a positive duration", timeout)
 			}
-			in.Image.SHA256 = strings.ToLower(in.Image.SHA256)
+			// The api's own checks, so that a bad flag is a usage error here.
+			in.Normalize()
+			if err := in.Validate(); err != nil {
+				return cli.Usagef("machines deploy: %v", err)
+			}
 			c, err := af.client()
 			if err != nil {
 				return err
