@@ -48,7 +48,7 @@ func (s *Specs) Spec(ctx context.Context, node store.Node) (*protocol.Spec, erro
 	for _, m := range ms {
 		if m.BootMode != "" {
 			for _, mac := range m.MACs {
-				boot.Entries = append(boot.Entries, protocol.BootEntry{MAC: mac, Mode: m.BootMode, Machine: m.ID})
+				boot.Entries = append(boot.Entries, protocol.BootEntry{MAC: mac, Mode: m.BootMode})
 			}
 		}
 		if m.BMC != nil {
