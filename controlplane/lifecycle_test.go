@@ -389,7 +389,7 @@ func progress(rd *conn, c protocol.Command, p protocol.DeployImageParams) {
 }
 
 func deployResult(p protocol.DeployImageParams) json.RawMessage {
-	b, _ := json.Marshal(protocol.DeployImageResult{Disk: "/dev/vda", BytesWritten: p.Image.Size, BytesReceived: p.Image.Size,
+	b, _ := json.Marshal(protocol.DeployImageResult{Target: protocol.DeployTarget{Path: "/dev/vda"}, ImageSize: p.Image.Size, Size: p.Image.Size,
 		SHA256: p.Image.SHA256, DurationMS: 1400, After: p.After.Action})
 	return b
 }
