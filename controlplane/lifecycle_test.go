@@ -330,12 +330,12 @@ func (l *lab) boot(fm *fakeMachine) {
 	}
 	now := time.Now()
 	for _, stage := range []string{protocol.StageDHCP, protocol.StageTFTP, protocol.StageScript, protocol.StageKernel, protocol.StageInitrd} {
-		l.site.event(protocol.EventMachineBooted, protocol.MachineBooted{MAC: fm.mac, Stage: stage, Time: now, Machine: fm.id})
+		l.site.event(protocol.EventMachineBooted, protocol.MachineBooted{MAC: fm.mac, Stage: stage, Time: now})
 	}
 	b := make([]byte, 16)
 	rand.Read(b)
 	nonce := hex.EncodeToString(b)
-	l.site.event(protocol.EventBootNonce, protocol.BootNonce{MAC: fm.mac, Nonce: nonce, ExpiresAt: now.Add(protocol.BootNonceLifetime), Machine: fm.id})
+	l.site.event(protocol.EventBootNonce, protocol.BootNonce{MAC: fm.mac, Nonce: nonce, ExpiresAt: now.Add(protocol.BootNonceLifetime)})
 	a := cptest.NewAgent(l.t)
 	req := a.DiscoveryRequest(nonce, fm.mac)
 	req.Site = cptest.Site
@@ -389,7 +389,7 @@ func progress(rd *conn, c protocol.Command, p protocol.DeployImageParams) {
 }
 
 func deployResult(p protocol.DeployImageParams) json.RawMessage {
-	b, _ := json.Marshal(protocol.DeployImageResult{Disk: "/dev/vda", BytesWritten: p.Image.Size, BytesReceived: p.Image.Size,
+	b, _ := json.Marshal(protocol.DeployImageResult{Target: protocol.DeployTarget{Path: "/dev/vda"}, ImageSize: p.Image.Size, Size: p.Image.Size,
 		SHA256: p.Image.SHA256, DurationMS: 1400, After: p.After.Action})
 	return b
 }

@@ -62,7 +62,7 @@ func TestMachineFlow(t *testing.T) {
 	var bmcs protocol.BMCHostsSection
 	json.Unmarshal(spec.Sections[protocol.SectionBoot], &boot)
 	json.Unmarshal(spec.Sections[protocol.SectionBMCHosts], &bmcs)
-	if spec.Revision <= rev || len(boot.Entries) != 1 || boot.Entries[0].Machine != m.ID || len(bmcs.Hosts) != 1 || bmcs.Hosts[0].Password != pw {
+	if spec.Revision <= rev || len(boot.Entries) != 1 || boot.Entries[0].MAC != cptest.MAC || len(bmcs.Hosts) != 1 || bmcs.Hosts[0].Password != pw {
 		t.Fatalf("pushed spec %d: boot %+v bmc %+v", spec.Revision, boot, bmcs)
 	}
 	if _, err := op.SetSiteHTTPProxy(ctx, "fsn1", &protocol.HTTPProxySection{Listen: "10.20.0.2:3128"}); err != nil {

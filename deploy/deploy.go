@@ -88,11 +88,6 @@ type Progress struct {
 	Elapsed time.Duration
 }
 
-// Wire is the progress as a Status carries it.
-func (p Progress) Wire() *protocol.Progress {
-	return &protocol.Progress{Done: p.Done, Total: p.Total, Unit: "bytes", Rate: p.Rate}
-}
-
 type reporter struct {
 	fn          func(Progress)
 	stage       string
@@ -125,15 +120,16 @@ func (r *reporter) update(done, received int64, force bool) {
 	r.fn(Progress{Stage: r.stage, Done: done, Total: r.total, Received: received, Rate: rate, Elapsed: el})
 }
 
-// Result is a deploy that succeeded. Finish carries out its After.
+// Result is a deploy that succeeded. Finish carries out its After. Its fields are
+// named as the Request names the same things (Target, ImageSize, Size, SHA256).
 type Result struct {
-	// Target is the disk (or file) written, Disk what is known of it.
-	Target string
-	Disk   Disk
-	// ImageSize bytes of image were written from Received served bytes whose
-	// SHA-256 is SHA256.
+	// Target is the disk (or file) written: Target.Path always, the rest where
+	// the disk reports it.
+	Target Disk
+	// ImageSize bytes of image were written from Size served bytes whose SHA-256
+	// is SHA256.
 	ImageSize int64
-	Received  int64
+	Size      int64
 	SHA256    string
 	Duration  time.Duration
 	// Root and ESP are the partitions found (ESP.Number 0: none).
@@ -152,20 +148,6 @@ type Result struct {
 	After string
 	// Warnings are what went wrong without failing the deploy.
 	Warnings []string
-}
-
-// Wire is the result as a Status carries it.
-func (r Result) Wire() protocol.DeployImageResult {
-	w := protocol.DeployImageResult{
-		Disk: r.Target, DiskSerial: r.Disk.Serial, BytesWritten: r.ImageSize, BytesReceived: r.Received,
-		SHA256: r.SHA256, DurationMS: r.Duration.Milliseconds(), Files: r.Files,
-		Kernel: r.Kernel, Initrd: r.Initrd, Cmdline: r.Cmdline, After: r.After, Warnings: r.Warnings,
-	}
-	if r.RootFound {
-		w.RootPartition, w.RootPartUUID = r.Root.Number, r.PartUUID
-	}
-	w.ESPPartition = r.ESP.Number
-	return w
 }
 
 func (d *Deployer) machine() Machine {
@@ -196,7 +178,7 @@ func parseProxy(s string) (*url.URL, error) {
 //
 // On any failure after the disk was opened, the disk is wiped at both ends (see
 // target.wipe) before Deploy returns, so a half-written image never boots.
-func (d *Deployer) Deploy(ctx context.Context, p protocol.DeployImageParams, progress func(Progress)) (res Result, err error) {
+func (d *Deployer) Deploy(ctx context.Context, p Request, progress func(Progress)) (res Result, err error) {
 	start := time.Now()
 	if err := p.Validate(); err != nil {
 		return res, failf(reasonInvalid, "%v", err)
@@ -221,7 +203,7 @@ func (d *Deployer) Deploy(ctx context.Context, p protocol.DeployImageParams, pro
 	if err != nil {
 		return res, err
 	}
-	res.Target, res.Disk, res.After = path, disk, p.After.Action
+	res.Target, res.After = disk, p.After.Action
 	if res.After == "" {
 		res.After = protocol.AfterNone
 	}
@@ -354,7 +336,7 @@ func (d *Deployer) Deploy(ctx context.Context, p protocol.DeployImageParams, pro
 		return res, &Error{Reason: reasonWrite, Err: fmt.Errorf("deploy: %s: %w", path, err)}
 	}
 	rep.setStage(StageVerify)
-	res.Received, res.SHA256, res.ImageSize = received, sum, imageSize
+	res.Size, res.SHA256, res.ImageSize = received, sum, imageSize
 	if received != img.Size {
 		return res, streamErr(reasonSize, "truncated", nil)
 	}
@@ -407,7 +389,7 @@ func (d *Deployer) Deploy(ctx context.Context, p protocol.DeployImageParams, pro
 }
 
 // policy applies what the agent allows on top of the params' own validity.
-func (d *Deployer) policy(p *protocol.DeployImageParams) error {
+func (d *Deployer) policy(p *Request) error {
 	u, _ := url.Parse(p.Image.URL)
 	if u.Scheme == "http" && !d.AllowHTTP {
 		return failf(reasonInvalid, "image %s: http is not allowed here, want https", protocol.RedactURL(p.Image.URL))
@@ -425,7 +407,7 @@ func (d *Deployer) policy(p *protocol.DeployImageParams) error {
 
 // selectTarget finds the disk: by path (a block device, or a file when allowed), by
 // serial, or the smallest that fits.
-func (d *Deployer) selectTarget(sel protocol.DeployTarget, imageSize int64) (path string, disk Disk, block bool, err error) {
+func (d *Deployer) selectTarget(sel Target, imageSize int64) (path string, disk Disk, block bool, err error) {
 	list := d.Disks
 	if list == nil {
 		list = SysBlock{}.List

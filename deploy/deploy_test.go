@@ -176,10 +176,10 @@ func testDeployer(m *fakeMachine) *Deployer {
 	}
 }
 
-func params(u string, body []byte, format string, imageSize int64, target string) protocol.DeployImageParams {
-	p := protocol.DeployImageParams{
-		Image:  protocol.DeployImage{URL: u, SHA256: sha(body), Size: int64(len(body)), Format: format},
-		Target: protocol.DeployTarget{Path: target},
+func params(u string, body []byte, format string, imageSize int64, target string) Request {
+	p := Request{
+		Image:  Image{URL: u, SHA256: sha(body), Size: int64(len(body)), Format: format},
+		Target: Target{Path: target},
 	}
 	if format != protocol.FormatRaw {
 		p.Image.ImageSize = imageSize
@@ -228,7 +228,7 @@ func TestDeployFormats(t *testing.T) {
 			if got := fileSHA(t, target); got != img.sha256 {
 				t.Errorf("target sha256 %s, image %s", got, img.sha256)
 			}
-			if res.SHA256 != sha(body) || res.Received != int64(len(body)) || res.ImageSize != img.size {
+			if res.SHA256 != sha(body) || res.Size != int64(len(body)) || res.ImageSize != img.size {
 				t.Errorf("result %+v", res)
 			}
 			if last.Stage != StageDone || last.Done != img.size || last.Total != img.size || calls < 3 {
@@ -237,8 +237,8 @@ func TestDeployFormats(t *testing.T) {
 			if !res.RootFound || res.Root.Number != 2 || res.ESP.Number != 1 || res.PartUUID != img.rootGUID {
 				t.Errorf("root %+v (%v, %s), esp %+v; want partitions 2 (%s) and 1", res.Root, res.RootFound, res.PartUUID, res.ESP, img.rootGUID)
 			}
-			if w := res.Wire(); w.After != protocol.AfterNone || w.RootPartition != 2 || w.BytesWritten != img.size {
-				t.Errorf("wire result %+v", w)
+			if res.After != protocol.AfterNone || res.Target.Path != target {
+				t.Errorf("after %q, target %+v", res.After, res.Target)
 			}
 		})
 	}
@@ -411,28 +411,28 @@ func TestDeployPolicy(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		d      func(*Deployer)
-		p      func(*protocol.DeployImageParams)
+		p      func(*Request)
 		reason string
 		want   string
 	}{
 		{"http refused", func(d *Deployer) { d.AllowHTTP = false }, nil, protocol.DeployReasonInvalid, "http is not allowed"},
-		{"qcow2", nil, func(p *protocol.DeployImageParams) { p.Image.Format = protocol.FormatQCOW2 }, protocol.DeployReasonNotImplemented, "deploy: qcow2 not implemented"},
+		{"qcow2", nil, func(p *Request) { p.Image.Format = protocol.FormatQCOW2 }, protocol.DeployReasonNotImplemented, "deploy: qcow2 not implemented"},
 		{"file target refused", func(d *Deployer) { d.AllowFileTarget = false }, nil, protocol.DeployReasonNoDisk, "is a file, not a disk"},
-		{"bad sha", nil, func(p *protocol.DeployImageParams) { p.Image.SHA256 = "abc" }, protocol.DeployReasonInvalid, "image.sha256"},
-		{"zstd declared raw", nil, func(p *protocol.DeployImageParams) {
+		{"bad sha", nil, func(p *Request) { p.Image.SHA256 = "abc" }, protocol.DeployReasonInvalid, "image.sha256"},
+		{"zstd declared raw", nil, func(p *Request) {
 			p.Image.URL, p.Image.SHA256, p.Image.Size = zsrv.URL, sha(zst), int64(len(zst))
 		}, protocol.DeployReasonDecompress, "declared raw, but the stream starts like raw.zst"},
-		{"raw declared zstd", nil, func(p *protocol.DeployImageParams) {
+		{"raw declared zstd", nil, func(p *Request) {
 			p.Image.Format, p.Image.ImageSize = protocol.FormatZstd, img.size
 		}, protocol.DeployReasonDecompress, "does not start with its magic"},
-		{"compressed without image_size", nil, func(p *protocol.DeployImageParams) {
+		{"compressed without image_size", nil, func(p *Request) {
 			p.Image.URL, p.Image.SHA256, p.Image.Size, p.Image.Format = zsrv.URL, sha(zst), int64(len(zst)), ""
 		}, protocol.DeployReasonInvalid, "image_size: required"},
-		{"bad file path", nil, func(p *protocol.DeployImageParams) {
-			p.Files = []protocol.DeployFile{{Path: "/etc/../shadow"}}
+		{"bad file path", nil, func(p *Request) {
+			p.Files = []File{{Path: "/etc/../shadow"}}
 		}, protocol.DeployReasonInvalid, "not a clean path"},
-		{"kernel without root", nil, func(p *protocol.DeployImageParams) {
-			p.After = protocol.DeployAfter{Action: protocol.AfterKexec, Initrd: "/x"}
+		{"kernel without root", nil, func(p *Request) {
+			p.After = After{Action: protocol.AfterKexec, Initrd: "/x"}
 		}, protocol.DeployReasonInvalid, "after.initrd"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -7,8 +7,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-
-	"github.com/better-compute/bcd/protocol"
 )
 
 // Disk is one whole block device a deploy may write.
@@ -131,7 +129,7 @@ func parseVPD80(b []byte) string {
 // must report it), by path (resolved through symlinks such as /dev/disk/by-id), or
 // else the smallest disk that is neither removable nor read-only and holds minSize
 // bytes, ties going to the first by name.
-func SelectDisk(disks []Disk, sel protocol.DeployTarget, minSize int64) (Disk, error) {
+func SelectDisk(disks []Disk, sel Target, minSize int64) (Disk, error) {
 	switch {
 	case sel.Serial != "":
 		var found []Disk

@@ -11,7 +11,6 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/better-compute/bcd/internal/testenv"
-	"github.com/better-compute/bcd/protocol"
 )
 
 func TestSelectDisk(t *testing.T) {
@@ -27,25 +26,25 @@ func TestSelectDisk(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name    string
-		sel     protocol.DeployTarget
+		sel     Target
 		min     int64
 		want    string
 		wantErr string
 	}{
-		{"by serial", protocol.DeployTarget{Serial: "S4EWNX1R"}, 10 << 30, "nvme1n1", ""},
-		{"by serial, padded", protocol.DeployTarget{Serial: " WD-2 "}, 10 << 30, "sdc", ""},
-		{"by serial, too small", protocol.DeployTarget{Serial: "USB-1"}, 20 << 30, "", "holds"},
-		{"by serial, unknown", protocol.DeployTarget{Serial: "NOPE"}, 1, "", `0 disks report serial "NOPE"`},
-		{"by serial, ambiguous", protocol.DeployTarget{Serial: "TWIN"}, 1, "", `2 disks report serial "TWIN"`},
-		{"by serial, read-only", protocol.DeployTarget{Serial: "RO-1"}, 1, "", "read-only"},
-		{"by path", protocol.DeployTarget{Path: "/dev/nvme0n1"}, 10 << 30, "nvme0n1", ""},
-		{"by path, removable is fine when named", protocol.DeployTarget{Path: "/dev/sdb"}, 10 << 30, "sdb", ""},
-		{"by path, unknown", protocol.DeployTarget{Path: "/dev/sdz"}, 1, "", "is not one of the disks"},
+		{"by serial", Target{Serial: "S4EWNX1R"}, 10 << 30, "nvme1n1", ""},
+		{"by serial, padded", Target{Serial: " WD-2 "}, 10 << 30, "sdc", ""},
+		{"by serial, too small", Target{Serial: "USB-1"}, 20 << 30, "", "holds"},
+		{"by serial, unknown", Target{Serial: "NOPE"}, 1, "", `0 disks report serial "NOPE"`},
+		{"by serial, ambiguous", Target{Serial: "TWIN"}, 1, "", `2 disks report serial "TWIN"`},
+		{"by serial, read-only", Target{Serial: "RO-1"}, 1, "", "read-only"},
+		{"by path", Target{Path: "/dev/nvme0n1"}, 10 << 30, "nvme0n1", ""},
+		{"by path, removable is fine when named", Target{Path: "/dev/sdb"}, 10 << 30, "sdb", ""},
+		{"by path, unknown", Target{Path: "/dev/sdz"}, 1, "", "is not one of the disks"},
 		// Smallest non-removable that fits; ties by name; rotational is fine.
-		{"smallest", protocol.DeployTarget{}, 10 << 30, "sda", ""},
-		{"smallest over 300G", protocol.DeployTarget{}, 300 << 30, "nvme1n1", ""},
-		{"removable never chosen", protocol.DeployTarget{}, 1 << 30, "sda", ""},
-		{"none big enough", protocol.DeployTarget{}, 2 << 40, "", "no non-removable disk holds"},
+		{"smallest", Target{}, 10 << 30, "sda", ""},
+		{"smallest over 300G", Target{}, 300 << 30, "nvme1n1", ""},
+		{"removable never chosen", Target{}, 1 << 30, "sda", ""},
+		{"none big enough", Target{}, 2 << 40, "", "no non-removable disk holds"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := SelectDisk(disks, tc.sel, tc.min)
@@ -60,7 +59,7 @@ func TestSelectDisk(t *testing.T) {
 			}
 		})
 	}
-	if _, err := SelectDisk(nil, protocol.DeployTarget{}, 1); err == nil || !strings.Contains(err.Error(), "no disks") {
+	if _, err := SelectDisk(nil, Target{}, 1); err == nil || !strings.Contains(err.Error(), "no disks") {
 		t.Errorf("empty list: %v", err)
 	}
 }

@@ -1,5 +1,7 @@
-// Package deploy carries out the ramdisk's deploy.image: it streams a disk image
-// over HTTP(S) (raw, gzip, xz or zstd; qcow2 is refused as not implemented),
+// Package deploy carries out the ramdisk's deploy.image. It takes a Request, its
+// own type (the ramdisk converts the wire's protocol.DeployImageParams), and
+// streams a disk image over HTTP(S) (raw, gzip, xz or zstd; qcow2 is refused as
+// not implemented),
 // hashes the served bytes, and decompresses and writes them in one pass with
 // bounded memory: a reader runs ahead of the writers on a ring of 4 MiB buffers,
 // writes go out with O_DIRECT where the device takes it, and zero blocks are
@@ -20,7 +22,7 @@
 //   - the ESP: esp_partition if given, else the first partition of the ESP type
 //     (MBR type 0xef).
 //
-// It writes the params' files into them without mounting anything: debugfs for
+// It writes the request's files into them without mounting anything: debugfs for
 // ext2/3/4 (go-diskfs corrupts indexed directories) and mtools for FAT (FAT12,
 // FAT16 and FAT32), at the partitions' byte offsets in the whole disk. Missing
 // directories are made 0755 root; an existing file or symlink at a path is
@@ -40,6 +42,6 @@
 //
 // Every tool runs from PATH (debugfs, e2fsck, mdir, mmd, mcopy, and xz when
 // present, else a pure-Go decoder); a missing one is an error naming it. Secrets
-// in the params (the join token) travel only in 0600 files inside a private temp
+// in the request (the join token) travel only in 0600 files inside a private temp
 // directory, never on a command line or in a log.
 package deploy

@@ -13,14 +13,14 @@ import (
 // content goes to a 0600 file in the deploy's private temp directory, which debugfs
 // and mtools read: no content ever reaches a command line. The root filesystem is
 // checked with e2fsck -fn afterwards.
-func (d *Deployer) writeFiles(ctx context.Context, in *installed, files []protocol.DeployFile, tmp string, res *Result) error {
+func (d *Deployer) writeFiles(ctx context.Context, in *installed, files []File, tmp string, res *Result) error {
 	var root, esp []extWrite
 	for i, f := range files {
 		src := filepath.Join(tmp, fmt.Sprintf("file-%d", i))
 		if err := os.WriteFile(src, f.Content, 0o600); err != nil {
 			return &Error{Reason: reasonFiles, Err: fmt.Errorf("deploy: stage %s: %w", f.Path, err)}
 		}
-		w := extWrite{src: src, dest: f.Path, mode: uint32(f.Mode), uid: f.UID, gid: f.GID}
+		w := extWrite{src: src, dest: f.Path, mode: f.Mode, uid: f.UID, gid: f.GID}
 		if f.FS == protocol.FSESP {
 			esp = append(esp, w)
 		} else {

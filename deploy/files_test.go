@@ -73,8 +73,8 @@ func fatAt(t *testing.T, disk string, off, size int64) string {
 
 const joinToken = "bcjt_TESTSECRETtoken0123456789"
 
-func deployFiles() []protocol.DeployFile {
-	return []protocol.DeployFile{
+func deployFiles() []File {
+	return []File{
 		{Path: "/etc/bcd/config.toml", Mode: 0o600, Content: []byte("gateway_url = \"https://gw.example\"\n")},
 		{Path: "/etc/bcd/join-encryption.jwk", Mode: 0o600, Content: []byte(`{"kty":"EC"}`)},
 		{Path: "/etc/bcd/join-token", Mode: 0o600, Content: []byte(joinToken)},
@@ -182,17 +182,17 @@ func TestDeployFilesRefused(t *testing.T) {
 	srv := serve(t, body, serveOK, false)
 	for _, tc := range []struct {
 		name string
-		file protocol.DeployFile
+		file File
 		want string
 	}{
-		{"dir in the way", protocol.DeployFile{Path: "/etc", Content: []byte("x")}, "/etc is a directory"},
-		{"file as a dir", protocol.DeployFile{Path: "/etc/hostname/x", Content: []byte("x")}, "/etc/hostname is a regular file, not a directory"},
-		{"esp dir in the way", protocol.DeployFile{FS: protocol.FSESP, Path: "/EFI/BOOT", Content: []byte("x")}, "/EFI/BOOT is a directory"},
+		{"dir in the way", File{Path: "/etc", Content: []byte("x")}, "/etc is a directory"},
+		{"file as a dir", File{Path: "/etc/hostname/x", Content: []byte("x")}, "/etc/hostname is a regular file, not a directory"},
+		{"esp dir in the way", File{FS: protocol.FSESP, Path: "/EFI/BOOT", Content: []byte("x")}, "/EFI/BOOT is a directory"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			target := filepath.Join(t.TempDir(), "disk.img")
 			p := params(srv.URL, body, protocol.FormatZstd, img.size, target)
-			p.Files = []protocol.DeployFile{tc.file}
+			p.Files = []File{tc.file}
 			_, err := testDeployer(&fakeMachine{}).Deploy(context.Background(), p, nil)
 			if err == nil || Reason(err) != protocol.DeployReasonFiles || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("err %v (reason %s), want %q", err, Reason(err), tc.want)
@@ -214,19 +214,19 @@ func TestDeployKexec(t *testing.T) {
 	for _, tc := range []struct {
 		name          string
 		img           *testImage
-		after         protocol.DeployAfter
+		after         After
 		kernel        []byte
 		initrd        []byte
 		cmdline       string
 		source        string
 		noESP, noRoot bool
 	}{
-		{"debian symlinks and bcd-cmdline", small, protocol.DeployAfter{}, small.kernel, small.initrd, bcdCmdline, "root:/vmlinuz", false, false},
-		{"loader entry on the ESP", big, protocol.DeployAfter{}, big.blsKernel, append(bytes.Clone(big.ucode), big.blsInitrd...), blsOptions, "esp:/loader/entries/new.conf", false, false},
-		{"params", small, protocol.DeployAfter{Kernel: "/boot/vmlinuz-" + kernelVersion, Cmdline: "root=/dev/sda2 x=y"}, small.kernel, nil, "root=/dev/sda2 x=y", "params", false, false},
-		{"params on the ESP", big, protocol.DeployAfter{FS: protocol.FSESP, Kernel: "/debian/6.1.0-13/vmlinuz", Initrd: "/debian/6.1.0-13/initrd"}, big.blsKernel, big.blsInitrd,
+		{"debian symlinks and bcd-cmdline", small, After{}, small.kernel, small.initrd, bcdCmdline, "root:/vmlinuz", false, false},
+		{"loader entry on the ESP", big, After{}, big.blsKernel, append(bytes.Clone(big.ucode), big.blsInitrd...), blsOptions, "esp:/loader/entries/new.conf", false, false},
+		{"params", small, After{Kernel: "/boot/vmlinuz-" + kernelVersion, Cmdline: "root=/dev/sda2 x=y"}, small.kernel, nil, "root=/dev/sda2 x=y", "params", false, false},
+		{"params on the ESP", big, After{FS: protocol.FSESP, Kernel: "/debian/6.1.0-13/vmlinuz", Initrd: "/debian/6.1.0-13/initrd"}, big.blsKernel, big.blsInitrd,
 			"root=PARTUUID=" + big.rootGUID + " ro console=tty0 console=ttyS0,115200n8", "params", false, false},
-		{"slow symlink /boot/vmlinuz", big, protocol.DeployAfter{}, big.kernel, big.initrd,
+		{"slow symlink /boot/vmlinuz", big, After{}, big.kernel, big.initrd,
 			"root=PARTUUID=" + big.rootGUID + " ro console=tty0 console=ttyS0,115200n8", "root:/boot/vmlinuz", true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -297,7 +297,7 @@ func TestLoadInstalled(t *testing.T) {
 	}
 	m := &fakeMachine{}
 	d := testDeployer(m)
-	res, err := d.LoadInstalled(context.Background(), protocol.MachineKexecParams{Target: protocol.DeployTarget{Path: target}})
+	res, err := d.LoadInstalled(context.Background(), Target{Path: target}, After{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -310,7 +310,7 @@ func TestLoadInstalled(t *testing.T) {
 	if err := d.Finish(res); err != nil || m.execs != 1 {
 		t.Errorf("Finish: %v, %d execs", err, m.execs)
 	}
-	if _, err := d.LoadInstalled(context.Background(), protocol.MachineKexecParams{Target: protocol.DeployTarget{Path: target}, Initrd: "/x"}); Reason(err) != protocol.DeployReasonInvalid {
+	if _, err := d.LoadInstalled(context.Background(), Target{Path: target}, After{Initrd: "/x"}); Reason(err) != protocol.DeployReasonInvalid {
 		t.Errorf("initrd without kernel: %v", err)
 	}
 }

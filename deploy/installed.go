@@ -73,7 +73,7 @@ func isFAT(t *target, off int64) bool {
 // Both are reached at their byte offset in the whole disk, so this works the same on
 // an image file and on a kernel without partition support, and shares one page
 // cache with the image's write.
-func (d *Deployer) openInstalled(ctx context.Context, t *target, imageSize int64, p *protocol.DeployImageParams, tmp string, res *Result) (*installed, error) {
+func (d *Deployer) openInstalled(ctx context.Context, t *target, imageSize int64, p *Request, tmp string, res *Result) (*installed, error) {
 	table, err := ReadPartitionTable(t, imageSize, t.sectorSize)
 	if err != nil {
 		if len(p.Files) == 0 && p.After.Action != protocol.AfterKexec {

@@ -11,22 +11,23 @@ import (
 // LoadInstalled loads, for machine.kexec, the kernel of an OS already on a disk:
 // the disk is chosen like deploy.image's target (with no size to fit), found and
 // read exactly as after a deploy (see findBoot), and never written. Finish with the
-// Result jumps to it.
-func (d *Deployer) LoadInstalled(ctx context.Context, p protocol.MachineKexecParams) (Result, error) {
+// Result jumps to it. after says where the kernel is, as for a deploy; its Action
+// is kexec whatever it says.
+func (d *Deployer) LoadInstalled(ctx context.Context, sel Target, after After) (Result, error) {
 	start := time.Now()
 	res := Result{After: protocol.AfterKexec}
-	after := protocol.DeployAfter{Action: protocol.AfterKexec, Kernel: p.Kernel, Initrd: p.Initrd, FS: p.FS, Cmdline: p.Cmdline}
+	after.Action = protocol.AfterKexec
 	if err := after.Validate(); err != nil {
 		return res, failf(reasonInvalid, "machine.kexec: %v", err)
 	}
-	if p.Target.Serial != "" && p.Target.Path != "" {
+	if sel.Serial != "" && sel.Path != "" {
 		return res, failf(reasonInvalid, "machine.kexec: target: give serial or path, not both")
 	}
-	path, disk, block, err := d.selectTarget(p.Target, 1)
+	path, disk, block, err := d.selectTarget(sel, 1)
 	if err != nil {
 		return res, err
 	}
-	res.Target, res.Disk = path, disk
+	res.Target = disk
 	t := &target{path: path, block: block}
 	f, err := os.Open(path)
 	if err != nil {

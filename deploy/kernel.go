@@ -145,7 +145,7 @@ const (
 // filesystem's /boot/bcd-cmdline or /etc/kernel/cmdline (first line), else
 // root=PARTUUID=<root> ro plus the ramdisk's own console= parameters.
 // Unified kernel images (BLS "efi" lines) and GRUB configurations are not read.
-func (d *Deployer) findBoot(ctx context.Context, in *installed, after protocol.DeployAfter, tmp string) (bootChoice, error) {
+func (d *Deployer) findBoot(ctx context.Context, in *installed, after After, tmp string) (bootChoice, error) {
 	var root, esp bootFS
 	if in.root != nil {
 		root = rootBoot{in.root}
@@ -295,7 +295,7 @@ func findRootKernel(ctx context.Context, root bootFS, tmp string) (bootChoice, b
 
 // loadKernel reads the chosen kernel and initrd out of the written disk into the
 // private temp directory and hands them to Machine.KexecLoad.
-func (d *Deployer) loadKernel(ctx context.Context, in *installed, after protocol.DeployAfter, tmp string, res *Result) error {
+func (d *Deployer) loadKernel(ctx context.Context, in *installed, after After, tmp string, res *Result) error {
 	c, err := d.findBoot(ctx, in, after, tmp)
 	if err != nil {
 		return failf(reasonKernel, "%v", err)

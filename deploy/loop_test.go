@@ -73,8 +73,8 @@ func TestDeployLoopDevice(t *testing.T) {
 	if !res.Direct {
 		t.Error("the loop device was not written with O_DIRECT")
 	}
-	if res.Disk.Size != size || res.Disk.Name != filepath.Base(dev) {
-		t.Errorf("disk %+v", res.Disk)
+	if res.Target.Size != size || res.Target.Name != filepath.Base(dev) {
+		t.Errorf("disk %+v", res.Target)
 	}
 	if len(res.Warnings) != 0 {
 		t.Errorf("warnings: %v", res.Warnings)
@@ -113,7 +113,7 @@ func TestDeployLoopDevice(t *testing.T) {
 	t.Run("load the installed kernel", func(t *testing.T) {
 		m2 := &fakeMachine{}
 		d2 := &Deployer{Machine: m2, ProcCmdline: "/nonexistent"}
-		if _, err := d2.LoadInstalled(context.Background(), protocol.MachineKexecParams{Target: protocol.DeployTarget{Path: dev}}); err != nil {
+		if _, err := d2.LoadInstalled(context.Background(), Target{Path: dev}, After{}); err != nil {
 			t.Fatal(err)
 		}
 		if !bytes.Equal(m2.kernel, img.kernel) || m2.cmdline != bcdCmdline {

@@ -169,7 +169,7 @@ func FuzzParseMdir(f *testing.F) {
 }
 
 func TestFileContentRedacted(t *testing.T) {
-	f := protocol.DeployFile{Path: "/etc/bcd/join-token", Content: []byte(joinToken)}
+	f := File{Path: "/etc/bcd/join-token", Content: []byte(joinToken)}
 	if s := fmt.Sprintf("%v %+v %#v %s %x", f, f, f, f.Content, f.Content); strings.Contains(s, joinToken) || strings.Contains(s, fmt.Sprintf("%x", joinToken)) {
 		t.Errorf("printed: %s", s)
 	}

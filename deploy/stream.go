@@ -469,7 +469,7 @@ func (e *sizeError) Unwrap() error { return e.err }
 
 // fetch starts the download: a 200 answer whose length, when it gives one, is the
 // promised size. Nothing has touched the disk yet when this fails.
-func (d *Deployer) fetch(ctx context.Context, p *protocol.DeployImageParams) (*http.Response, error) {
+func (d *Deployer) fetch(ctx context.Context, p *Request) (*http.Response, error) {
 	img := p.Image
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, img.URL, nil)
 	if err != nil {
@@ -506,7 +506,7 @@ func (d *Deployer) fetch(ctx context.Context, p *protocol.DeployImageParams) (*h
 	return resp, nil
 }
 
-func (d *Deployer) transport(p *protocol.DeployImageParams) http.RoundTripper {
+func (d *Deployer) transport(p *Request) http.RoundTripper {
 	if d.Transport != nil {
 		return d.Transport
 	}

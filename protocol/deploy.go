@@ -139,23 +139,57 @@ type DeployAfter struct {
 	Cmdline string `json:"cmdline,omitempty"`
 }
 
-// DeployImageResult is the result of a deploy.image that succeeded.
+// DeployImageResult is the result of a deploy.image that succeeded. Each field is
+// named as the params name the same thing: Target is the disk params.target chose
+// (its path, and its serial where it has one), ImageSize the image bytes written
+// (image.image_size, or image.size for raw), Size the served bytes received
+// (image.size), SHA256 their digest (image.sha256).
+//
+// The JSON names changed with the Go names (they were disk, disk_serial,
+// bytes_written and bytes_received). UnmarshalJSON still reads those: a ramdisk
+// booted before a control plane upgrade can finish its deploy after it.
 type DeployImageResult struct {
-	Disk          string   `json:"disk"`
-	DiskSerial    string   `json:"disk_serial,omitempty"`
-	BytesWritten  int64    `json:"bytes_written"`
-	BytesReceived int64    `json:"bytes_received"`
-	SHA256        string   `json:"sha256"`
-	DurationMS    int64    `json:"duration_ms"`
-	RootPartition int      `json:"root_partition,omitempty"`
-	RootPartUUID  string   `json:"root_partuuid,omitempty"`
-	ESPPartition  int      `json:"esp_partition,omitempty"`
-	Files         []string `json:"files,omitempty"` // fs:path of each file written
-	Kernel        string   `json:"kernel,omitempty"`
-	Initrd        string   `json:"initrd,omitempty"`
-	Cmdline       string   `json:"cmdline,omitempty"`
-	After         string   `json:"after"`
-	Warnings      []string `json:"warnings,omitempty"`
+	Target        DeployTarget `json:"target"`
+	ImageSize     int64        `json:"image_size"`
+	Size          int64        `json:"size"`
+	SHA256        string       `json:"sha256"`
+	DurationMS    int64        `json:"duration_ms"`
+	RootPartition int          `json:"root_partition,omitempty"`
+	RootPartUUID  string       `json:"root_partuuid,omitempty"`
+	ESPPartition  int          `json:"esp_partition,omitempty"`
+	Files         []string     `json:"files,omitempty"` // fs:path of each file written
+	Kernel        string       `json:"kernel,omitempty"`
+	Initrd        string       `json:"initrd,omitempty"`
+	Cmdline       string       `json:"cmdline,omitempty"`
+	After         string       `json:"after"`
+	Warnings      []string     `json:"warnings,omitempty"`
+}
+
+// UnmarshalJSON reads a result in today's names or, where those are absent, in the
+// names of earlier versions (see DeployImageResult).
+func (r *DeployImageResult) UnmarshalJSON(b []byte) error {
+	type plain DeployImageResult // without this method
+	var v struct {
+		plain
+		Disk          string `json:"disk"`
+		DiskSerial    string `json:"disk_serial"`
+		BytesWritten  int64  `json:"bytes_written"`
+		BytesReceived int64  `json:"bytes_received"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	*r = DeployImageResult(v.plain)
+	if r.Target == (DeployTarget{}) {
+		r.Target = DeployTarget{Path: v.Disk, Serial: v.DiskSerial}
+	}
+	if r.ImageSize == 0 {
+		r.ImageSize = v.BytesWritten
+	}
+	if r.Size == 0 {
+		r.Size = v.BytesReceived
+	}
+	return nil
 }
 
 // Reasons a deploy.image fails with (Status.Reason).

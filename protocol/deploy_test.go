@@ -107,3 +107,63 @@ func FuzzDeployImageParams(f *testing.F) {
 		}
 	})
 }
+
+// TestDeployImageResultJSON: a result reads the same in today's names and in those
+// of an older ramdisk, and today's names win where both are present.
+func TestDeployImageResultJSON(t *testing.T) {
+	want := DeployImageResult{Target: DeployTarget{Path: "/dev/vda", Serial: "S1"}, ImageSize: 2048, Size: 1024,
+		SHA256: "ab", DurationMS: 5, After: AfterKexec}
+	for _, tc := range []struct {
+		name, json string
+		want       DeployImageResult
+	}{
+		{"today", `{"target":{"path":"/dev/vda","serial":"S1"},"image_size":2048,"size":1024,"sha256":"ab","duration_ms":5,"after":"kexec"}`, want},
+		{"older ramdisk", `{"disk":"/dev/vda","disk_serial":"S1","bytes_written":2048,"bytes_received":1024,"sha256":"ab","duration_ms":5,"after":"kexec"}`, want},
+		{"both", `{"target":{"path":"/dev/vda","serial":"S1"},"disk":"/dev/old","image_size":2048,"bytes_written":1,"size":1024,"bytes_received":1,"sha256":"ab","duration_ms":5,"after":"kexec"}`, want},
+		{"no serial", `{"disk":"/tmp/img","bytes_written":3,"bytes_received":3,"after":"none"}`,
+			DeployImageResult{Target: DeployTarget{Path: "/tmp/img"}, ImageSize: 3, Size: 3, After: AfterNone}},
+	} {
+		var got DeployImageResult
+		if err := json.Unmarshal([]byte(tc.json), &got); err != nil {
+			t.Errorf("%s: %v", tc.name, err)
+			continue
+		}
+		if g, w := mustJSON(t, got), mustJSON(t, tc.want); g != w {
+			t.Errorf("%s: got %s, want %s", tc.name, g, w)
+		}
+	}
+	if b := mustJSON(t, want); strings.Contains(b, "bytes_written") || strings.Contains(b, `"disk"`) {
+		t.Errorf("written with the old names: %s", b)
+	}
+}
+
+// FuzzDeployImageResult: the control plane decodes what a ramdisk sends; whatever
+// decodes writes out and reads back the same.
+func FuzzDeployImageResult(f *testing.F) {
+	f.Add(`{"target":{"path":"/dev/vda"},"image_size":2048,"size":1024,"after":"kexec"}`)
+	f.Add(`{"disk":"/dev/vda","disk_serial":"S1","bytes_written":2048,"bytes_received":1024}`)
+	f.Add(`{"target":null,"disk":7}`)
+	f.Fuzz(func(t *testing.T, s string) {
+		var r DeployImageResult
+		if json.Unmarshal([]byte(s), &r) != nil {
+			return
+		}
+		b := mustJSON(t, r)
+		var again DeployImageResult
+		if err := json.Unmarshal([]byte(b), &again); err != nil {
+			t.Fatalf("%s does not read back: %v", b, err)
+		}
+		if b2 := mustJSON(t, again); b2 != b {
+			t.Fatalf("round trip %s != %s", b2, b)
+		}
+	})
+}
+
+func mustJSON(t testing.TB, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}

@@ -23,13 +23,18 @@ type BootSection struct {
 }
 
 // BootEntry is one machine's boot entry, by MAC (lowercase, colon-separated).
+//
+// It names no machine: the control plane finds the machine of a site's event by
+// the site and the MAC (the one thing the firmware shows), so an id sent out only
+// to come back would be a second key that could disagree. Earlier versions sent
+// "machine" here and sites echoed it in machine.booted and boot.nonce; nothing read
+// it back, and encoding/json ignores that key from an older peer.
 type BootEntry struct {
 	MAC     string `json:"mac"`
 	Mode    string `json:"mode"`              // BootRamdisk or BootLocal
 	Kernel  string `json:"kernel,omitempty"`  // ramdisk: URL; empty means the site's [boot] kernel
 	Initrd  string `json:"initrd,omitempty"`  // ramdisk: URL; empty means the site's [boot] initrd
 	Cmdline string `json:"cmdline,omitempty"` // ramdisk: extra kernel parameters
-	Machine string `json:"machine,omitempty"` // the control plane's machine id, for events
 }
 
 // Event kinds a site agent sends.
@@ -48,9 +53,6 @@ type MachineBooted struct {
 	IP         string    `json:"ip,omitempty"`
 	File       string    `json:"file,omitempty"` // what was served
 	Time       time.Time `json:"time"`
-	// Machine is the control plane's machine id from the MAC's boot entry, when
-	// the entry names one.
-	Machine string `json:"machine,omitempty"`
 }
 
 // BootNonce is the data of a boot.nonce event: the nonce the site put on a machine's
@@ -60,9 +62,6 @@ type BootNonce struct {
 	MAC       string    `json:"mac"`
 	Nonce     string    `json:"nonce"`
 	ExpiresAt time.Time `json:"expires_at"`
-	// Machine is the control plane's machine id from the MAC's boot entry, when
-	// the entry names one.
-	Machine string `json:"machine,omitempty"`
 }
 
 // HTTPProxySection is a site's http_proxy section: the proxy the site agent runs on

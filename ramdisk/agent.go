@@ -48,7 +48,7 @@ type System interface {
 
 // Deployer runs deploy.image and what follows it; *deploy.Deployer is the real one.
 type Deployer interface {
-	Deploy(ctx context.Context, p protocol.DeployImageParams, progress func(deploy.Progress)) (deploy.Result, error)
+	Deploy(ctx context.Context, r deploy.Request, progress func(deploy.Progress)) (deploy.Result, error)
 	// Finish carries out the result's After (kexec, reboot, power off). It
 	// returns only on failure, or at once for none.
 	Finish(deploy.Result) error
@@ -57,7 +57,7 @@ type Deployer interface {
 // InstalledLoader loads the kernel of an OS already on a disk for machine.kexec.
 // A Deployer that has it is used for machine.kexec; the Result's After is kexec.
 type InstalledLoader interface {
-	LoadInstalled(ctx context.Context, p protocol.MachineKexecParams) (deploy.Result, error)
+	LoadInstalled(ctx context.Context, sel deploy.Target, after deploy.After) (deploy.Result, error)
 }
 
 // Agent is bcd ramdisk: it prepares the machine, joins through the discovery

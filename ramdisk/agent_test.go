@@ -200,7 +200,7 @@ type fakeDeployer struct {
 // badDigest is the image digest fakeDeployer fails on, as deploy fails a mismatch.
 var badDigest = strings.Repeat("00", 32)
 
-func (d *fakeDeployer) Deploy(ctx context.Context, p protocol.DeployImageParams, progress func(deploy.Progress)) (deploy.Result, error) {
+func (d *fakeDeployer) Deploy(ctx context.Context, p deploy.Request, progress func(deploy.Progress)) (deploy.Result, error) {
 	total := p.Image.Size
 	for _, pr := range []deploy.Progress{
 		{Stage: deploy.StageSelect, Total: total},
@@ -213,7 +213,7 @@ func (d *fakeDeployer) Deploy(ctx context.Context, p protocol.DeployImageParams,
 	if p.Image.SHA256 == badDigest {
 		return deploy.Result{}, &deploy.Error{Reason: protocol.DeployReasonDigest, Err: errors.New("deploy: sha256 mismatch")}
 	}
-	res := deploy.Result{Target: "/dev/vda", ImageSize: total, Received: total, SHA256: p.Image.SHA256, After: p.After.Action}
+	res := deploy.Result{Target: deploy.Disk{Path: "/dev/vda"}, ImageSize: total, Size: total, SHA256: p.Image.SHA256, After: p.After.Action}
 	if res.After == "" {
 		res.After = protocol.AfterNone
 	}
@@ -241,18 +241,18 @@ func (d *fakeDeployer) Finish(r deploy.Result) error {
 // loaderDeployer also loads an installed OS's kernel, as deploy.Deployer does.
 type loaderDeployer struct {
 	fakeDeployer
-	asked []protocol.MachineKexecParams
+	asked []deploy.After
 }
 
-func (d *loaderDeployer) LoadInstalled(ctx context.Context, p protocol.MachineKexecParams) (deploy.Result, error) {
-	d.asked = append(d.asked, p)
-	if p.Target.Serial == "missing" {
+func (d *loaderDeployer) LoadInstalled(ctx context.Context, sel deploy.Target, after deploy.After) (deploy.Result, error) {
+	d.asked = append(d.asked, after)
+	if sel.Serial == "missing" {
 		return deploy.Result{}, &deploy.Error{Reason: protocol.DeployReasonNoDisk, Err: errors.New("deploy: target: 0 disks report serial")}
 	}
 	if err := d.m.KexecLoad(nil, nil, ""); err != nil {
 		return deploy.Result{}, err
 	}
-	return deploy.Result{Target: "/dev/vda", After: protocol.AfterKexec, Kernel: "root:/boot/vmlinuz-6.1"}, nil
+	return deploy.Result{Target: deploy.Disk{Path: "/dev/vda"}, After: protocol.AfterKexec, Kernel: "root:/boot/vmlinuz-6.1"}, nil
 }
 
 type harness struct {
@@ -449,7 +449,7 @@ func TestCommands(t *testing.T) {
 		t.Fatalf("progress: %+v", sts[3].Progress)
 	}
 	var res protocol.DeployImageResult
-	if err := json.Unmarshal(sts[5].Result, &res); err != nil || res.Disk != "/dev/vda" || res.After != protocol.AfterNone {
+	if err := json.Unmarshal(sts[5].Result, &res); err != nil || res.Target.Path != "/dev/vda" || res.After != protocol.AfterNone {
 		t.Fatalf("deploy result %s: %v", sts[5].Result, err)
 	}
 

@@ -135,22 +135,22 @@ func (a *Agent) runDeploy(ctx context.Context, cmd protocol.Command, report repo
 		// deploy calls this at most every ProgressInterval (250ms) and at each
 		// stage: a few statuses a second, each journaled until acknowledged.
 		if err := report(protocol.Status{State: protocol.StateRunning, Reason: ReasonDeploying,
-			Message: pr.Stage, Progress: pr.Wire()}); err != nil {
+			Message: pr.Stage, Progress: deployProgress(pr)}); err != nil {
 			a.console.Warn("could not journal deploy progress", "error", err.Error())
 		}
 	}
-	res, err := a.deployer.Deploy(ctx, p, progress)
+	res, err := a.deployer.Deploy(ctx, deployRequest(p), progress)
 	if err != nil {
 		a.log.Error("deploy.image failed", "command_id", cmd.ID, "reason", deploy.Reason(err), "error", err.Error())
 		return failed(report, deploy.Reason(err), "%v", err)
 	}
-	wire, err := json.Marshal(res.Wire())
+	wire, err := json.Marshal(deployResult(res))
 	if err != nil {
 		return err
 	}
 	st := protocol.Status{State: protocol.StateSucceeded, Reason: ReasonDeployed, Result: wire,
-		Message: fmt.Sprintf("wrote %d bytes to %s (sha256 %s); after: %s", res.ImageSize, res.Target, res.SHA256, res.After)}
-	a.log.Info("deploy.image succeeded", "command_id", cmd.ID, "disk", res.Target, "bytes", res.ImageSize,
+		Message: fmt.Sprintf("wrote %d bytes to %s (sha256 %s); after: %s", res.ImageSize, res.Target.Path, res.SHA256, res.After)}
+	a.log.Info("deploy.image succeeded", "command_id", cmd.ID, "disk", res.Target.Path, "bytes", res.ImageSize,
 		"seconds", res.Duration.Seconds(), "after", res.After)
 	if res.Kernel != "" {
 		a.kexecLoaded.Store(true)
@@ -182,7 +182,7 @@ func (a *Agent) runWipe(ctx context.Context, cmd protocol.Command, report report
 	if err != nil {
 		return failed(report, protocol.DeployReasonNoDisk, "disk.wipe: %v", err)
 	}
-	disk, err := deploy.SelectDisk(disks, p.Disk, 0)
+	disk, err := deploy.SelectDisk(disks, deploy.Target(p.Disk), 0)
 	if err != nil {
 		return failed(report, protocol.DeployReasonNoDisk, "disk.wipe: %v", err)
 	}
@@ -282,7 +282,8 @@ func (a *Agent) runKexec(ctx context.Context, cmd protocol.Command, report repor
 		return err
 	}
 	if l, ok := a.deployer.(InstalledLoader); ok {
-		res, err := l.LoadInstalled(ctx, p)
+		sel, after := kexecRequest(p)
+		res, err := l.LoadInstalled(ctx, sel, after)
 		if err != nil {
 			return failed(report, deploy.Reason(err), "machine.kexec: %v", err)
 		}

@@ -43,8 +43,6 @@ type reporter struct {
 	log      *slog.Logger
 	now      func() time.Time
 	interval time.Duration
-	// machine names the control plane's machine for a MAC, or "".
-	machine func(net.HardwareAddr) string
 	// neighbor finds the MAC of an address on the boot network, or nil.
 	neighbor func(netip.Addr) net.HardwareAddr
 
@@ -63,17 +61,14 @@ type ipMAC struct {
 	seen time.Time
 }
 
-func newReporter(sink eventSink, log *slog.Logger, now func() time.Time, interval time.Duration, machine func(net.HardwareAddr) string) *reporter {
+func newReporter(sink eventSink, log *slog.Logger, now func() time.Time, interval time.Duration) *reporter {
 	if now == nil {
 		now = time.Now
 	}
 	if interval <= 0 {
 		interval = DefaultEventInterval
 	}
-	if machine == nil {
-		machine = func(net.HardwareAddr) string { return "" }
-	}
-	return &reporter{sink: sink, log: log, now: now, interval: interval, machine: machine, neighbor: neighborMAC,
+	return &reporter{sink: sink, log: log, now: now, interval: interval, neighbor: neighborMAC,
 		queue: make(chan protocol.MachineBooted, eventQueue),
 		last:  map[string]time.Time{}, ips: map[netip.Addr]ipMAC{}}
 }
@@ -212,8 +207,6 @@ func (r *reporter) emit(mb protocol.MachineBooted) {
 		r.ips[ip] = ipMAC{mac: mac, seen: r.now()}
 		r.mu.Unlock()
 	}
-	hw, _ := protocol.ParseMAC(mb.MAC)
-	mb.Machine = r.machine(hw)
 	data, err := json.Marshal(mb)
 	if err != nil {
 		return
@@ -248,7 +241,7 @@ func (r *reporter) MintNonce(mac net.HardwareAddr) (string, error) {
 		return "", err
 	}
 	now := r.now().UTC()
-	bn := protocol.BootNonce{MAC: mac.String(), Nonce: nonce, ExpiresAt: now.Add(protocol.BootNonceLifetime), Machine: r.machine(mac)}
+	bn := protocol.BootNonce{MAC: mac.String(), Nonce: nonce, ExpiresAt: now.Add(protocol.BootNonceLifetime)}
 	data, err := json.Marshal(bn)
 	if err != nil {
 		return "", err

@@ -80,7 +80,7 @@ var (
 func TestEventsRateLimited(t *testing.T) {
 	sink := &memSink{}
 	now := time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
-	r := newReporter(sink, slog.New(slog.DiscardHandler), func() time.Time { return now }, time.Second, nil)
+	r := newReporter(sink, slog.New(slog.DiscardHandler), func() time.Time { return now }, time.Second)
 	r.neighbor = nil
 	for range 1000 {
 		r.Observe(boot.Event{Served: boot.ServedOffer, MAC: macA, Arch: 7, Time: now})
@@ -112,9 +112,7 @@ func TestEventsRateLimited(t *testing.T) {
 func TestEventsAttributeByAddress(t *testing.T) {
 	sink := &memSink{}
 	now := time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
-	machines := map[string]string{macA.String(): "m_a"}
-	r := newReporter(sink, slog.New(slog.DiscardHandler), func() time.Time { return now }, time.Second,
-		func(mac net.HardwareAddr) string { return machines[mac.String()] })
+	r := newReporter(sink, slog.New(slog.DiscardHandler), func() time.Time { return now }, time.Second)
 	ip := netip.MustParseAddr("10.20.0.50")
 	neighbor := netip.MustParseAddr("10.20.0.51")
 	r.neighbor = func(a netip.Addr) net.HardwareAddr {
@@ -139,7 +137,7 @@ func TestEventsAttributeByAddress(t *testing.T) {
 		t.Errorf("neighbour-table event %+v", got[3])
 	}
 	for i, stage := range []string{protocol.StageScript, protocol.StageKernel, protocol.StageInitrd} {
-		if got[i].Stage != stage || got[i].MAC != macA.String() || got[i].IP != "10.20.0.50" || got[i].Machine != "m_a" || got[i].Arch != 0 {
+		if got[i].Stage != stage || got[i].MAC != macA.String() || got[i].IP != "10.20.0.50" || got[i].Arch != 0 {
 			t.Errorf("event %d = %+v", i, got[i])
 		}
 	}
@@ -152,7 +150,7 @@ func TestEventsAttributeByAddress(t *testing.T) {
 // instead of blocking a boot server.
 func TestEventsQueueBounded(t *testing.T) {
 	sink := &memSink{}
-	r := newReporter(sink, slog.New(slog.DiscardHandler), nil, time.Nanosecond, nil)
+	r := newReporter(sink, slog.New(slog.DiscardHandler), nil, time.Nanosecond)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -182,7 +180,7 @@ var testParams = ipxe.Params{
 
 func testBootServers(t *testing.T, sink eventSink) *httptest.Server {
 	t.Helper()
-	r := newReporter(sink, slog.New(slog.DiscardHandler), nil, 0, nil)
+	r := newReporter(sink, slog.New(slog.DiscardHandler), nil, 0)
 	var table boot.MemTable
 	if err := table.Set(map[string]boot.Entry{macA.String(): {Mode: boot.ModeRamdisk}, macB.String(): {Mode: boot.ModeLocal}}); err != nil {
 		t.Fatal(err)

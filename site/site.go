@@ -10,7 +10,6 @@ import (
 	"net/netip"
 	"net/url"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/better-compute/bcd/agent"
@@ -60,7 +59,6 @@ type Site struct {
 	session  *agent.Session
 	events   *reporter
 	table    boot.MemTable
-	machines atomic.Pointer[map[string]string]
 	bmcHosts *bmc.Store
 	bmcExec  *bmcExecutor
 	boot     *bootServers
@@ -204,7 +202,7 @@ func (s *Site) Run(ctx context.Context) error {
 		PingTimeout:  s.PingTimeout,
 		Logger:       s.log,
 	}
-	s.events = newReporter(s.session, s.log, s.Now, s.EventInterval, s.machineOf)
+	s.events = newReporter(s.session, s.log, s.Now, s.EventInterval)
 	s.proxy = proxyRunner{site: s}
 
 	// The servers' context ends before the journal closes: nothing may journal
@@ -296,13 +294,6 @@ func (s *Site) now() time.Time {
 	return time.Now()
 }
 
-func (s *Site) machineOf(mac net.HardwareAddr) string {
-	if m := s.machines.Load(); m != nil {
-		return (*m)[mac.String()]
-	}
-	return ""
-}
-
 // applySpec makes spec the site's desired state: the boot table, the HTTP proxy
 // and, from the gateway only, the BMC hosts. A section that does not decode keeps
 // what the site had. fromGateway also saves the spec for the next start.
@@ -321,13 +312,11 @@ func (s *Site) applySpec(spec protocol.Spec, fromGateway bool) {
 				log.Warn("boot entry left out", "reason", why)
 			}
 			_ = s.table.Set(t.entries) // keys and modes are checked by parseBootSection
-			s.machines.Store(&t.machines)
 			s.entries.Store(int64(len(t.entries)))
 			log.Info("boot table applied", "entries", len(t.entries))
 		}
 	} else {
 		_ = s.table.Set(nil)
-		s.machines.Store(&map[string]string{})
 		s.entries.Store(0)
 	}
 	s.revision.Store(spec.Revision)

@@ -142,8 +142,8 @@ func section(t *testing.T, v any) json.RawMessage {
 func bootSpec(t *testing.T, rev int64) protocol.Spec {
 	return protocol.Spec{Revision: rev, Sections: map[string]json.RawMessage{
 		protocol.SectionBoot: section(t, protocol.BootSection{Entries: []protocol.BootEntry{
-			{MAC: macA, Mode: protocol.BootRamdisk, Cmdline: "quiet", Machine: "m_a"},
-			{MAC: macB, Mode: protocol.BootLocal, Machine: "m_b"},
+			{MAC: macA, Mode: protocol.BootRamdisk, Cmdline: "quiet"},
+			{MAC: macB, Mode: protocol.BootLocal},
 		}}),
 	}}
 }
@@ -439,7 +439,7 @@ func TestBootFromWelcomeSpec(t *testing.T) {
 	if err := json.Unmarshal(nonceEv.Data, &bn); err != nil {
 		t.Fatal(err)
 	}
-	if bn.MAC != macA || bn.Nonce != nonce || bn.Machine != "m_a" || bn.ExpiresAt.Sub(nonceEv.Time) != protocol.BootNonceLifetime {
+	if bn.MAC != macA || bn.Nonce != nonce || bn.ExpiresAt.Sub(nonceEv.Time) != protocol.BootNonceLifetime {
 		t.Errorf("boot.nonce %+v, want MAC %s, the script's nonce, machine m_a, 30 min", bn, macA)
 	}
 	stagesOf := func() map[string]protocol.Event {
@@ -466,7 +466,7 @@ func TestBootFromWelcomeSpec(t *testing.T) {
 	}
 	var mb protocol.MachineBooted
 	json.Unmarshal(st[protocol.StageDHCP].Data, &mb)
-	if mb.Machine != "m_a" || mb.File != "undionly.kpxe" {
+	if mb.MAC != macA || mb.File != "undionly.kpxe" {
 		t.Errorf("dhcp event %+v", mb)
 	}
 	if code, body := f.get(t, "/ipxe/"+macU+".ipxe"); code != 200 || !strings.Contains(body, "has no boot entry") {

@@ -99,12 +99,10 @@ func saveSpec(dataDir string, spec protocol.Spec, now time.Time) error {
 	return nil
 }
 
-// bootTable is a boot section turned into what the boot servers look up, with the
-// machine ids for events.
+// bootTable is a boot section turned into what the boot servers look up.
 type bootTable struct {
-	entries  map[string]boot.Entry
-	machines map[string]string // MAC → machine id
-	skipped  []string          // why entries were left out
+	entries map[string]boot.Entry
+	skipped []string // why entries were left out
 }
 
 // parseBootSection decodes a boot section. An entry that is wrong is left out (and
@@ -115,7 +113,7 @@ func parseBootSection(raw json.RawMessage) (*bootTable, error) {
 	if err := json.Unmarshal(raw, &sec); err != nil {
 		return nil, fmt.Errorf("boot section: %w", err)
 	}
-	t := &bootTable{entries: map[string]boot.Entry{}, machines: map[string]string{}}
+	t := &bootTable{entries: map[string]boot.Entry{}}
 	for i, e := range sec.Entries {
 		mac, err := protocol.ParseMAC(e.MAC)
 		if err != nil {
@@ -135,9 +133,6 @@ func parseBootSection(raw json.RawMessage) (*bootTable, error) {
 		default:
 			t.skipped = append(t.skipped, fmt.Sprintf("entry %d (%s): mode %q is neither %q nor %q", i, key, e.Mode, protocol.BootRamdisk, protocol.BootLocal))
 			continue
-		}
-		if e.Machine != "" {
-			t.machines[key] = e.Machine
 		}
 	}
 	return t, nil

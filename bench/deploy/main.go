@@ -298,9 +298,9 @@ func runCase(c benchCase, target string, imgs map[string]*image, base string, si
 		if verbose {
 			d.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 		}
-		p := protocol.DeployImageParams{
-			Image:  protocol.DeployImage{URL: base + "/" + filepath.Base(img.path), SHA256: img.sha, Size: img.size, Format: img.format, ImageSize: img.imageSize},
-			Target: protocol.DeployTarget{Path: target},
+		p := deploy.Request{
+			Image:  deploy.Image{URL: base + "/" + filepath.Base(img.path), SHA256: img.sha, Size: img.size, Format: img.format, ImageSize: img.imageSize},
+			Target: deploy.Target{Path: target},
 		}
 		if img.format == protocol.FormatRaw {
 			p.Image.ImageSize = 0

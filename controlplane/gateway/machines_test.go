@@ -84,7 +84,7 @@ func TestSiteSpecOnWelcomeAndOnChange(t *testing.T) {
 	}
 	var boot protocol.BootSection
 	decodeSection(t, w.Spec, protocol.SectionBoot, &boot)
-	if len(boot.Entries) != 1 || boot.Entries[0].MAC != cptest.MAC || boot.Entries[0].Mode != protocol.BootRamdisk || boot.Entries[0].Machine != a.ID {
+	if len(boot.Entries) != 1 || boot.Entries[0].MAC != cptest.MAC || boot.Entries[0].Mode != protocol.BootRamdisk {
 		t.Errorf("boot %+v", boot)
 	}
 	var bmcs protocol.BMCHostsSection
@@ -118,7 +118,7 @@ func TestSiteSpecOnWelcomeAndOnChange(t *testing.T) {
 		t.Errorf("pushed revision %d, welcome had %d", spec.Revision, w.Spec.Revision)
 	}
 	decodeSection(t, &spec, protocol.SectionBoot, &boot)
-	if len(boot.Entries) != 2 || boot.Entries[1].Machine != b.ID || boot.Entries[1].Mode != protocol.BootLocal {
+	if len(boot.Entries) != 2 || boot.Entries[1].MAC != b.MACs[0] || boot.Entries[1].Mode != protocol.BootLocal {
 		t.Errorf("pushed boot %+v", boot)
 	}
 	// Nothing changed: nothing is sent (the next frame is the event's ack).

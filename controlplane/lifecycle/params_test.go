@@ -53,7 +53,7 @@ func TestDeployParams(t *testing.T) {
 }
 
 func TestDeploySummary(t *testing.T) {
-	msg, data := deploySummary(protocol.DeployImageResult{Disk: "/dev/vda", BytesWritten: 2 << 30, BytesReceived: 1 << 30, DurationMS: 40000, After: "kexec"})
+	msg, data := deploySummary(protocol.DeployImageResult{Target: protocol.DeployTarget{Path: "/dev/vda"}, ImageSize: 2 << 30, Size: 1 << 30, DurationMS: 40000, After: "kexec"})
 	if msg != "wrote 2.0 GiB to /dev/vda in 40.0 s (53.7 MB/s); after: kexec" || data["mb_per_s"] != 53.7 {
 		t.Errorf("%q %v", msg, data)
 	}

@@ -609,14 +609,15 @@ func reasonOf(c store.Command) string {
 }
 
 // deploySummary says what a deploy wrote and how fast, in words and as the
-// event's data.
+// event's data. The data keeps its keys (disk, bytes_written, bytes_received):
+// they are what machines events has always shown, whatever the result calls them.
 func deploySummary(r protocol.DeployImageResult) (string, map[string]any) {
-	data := map[string]any{"disk": r.Disk, "bytes_written": r.BytesWritten, "bytes_received": r.BytesReceived,
+	data := map[string]any{"disk": r.Target.Path, "bytes_written": r.ImageSize, "bytes_received": r.Size,
 		"duration_ms": r.DurationMS, "after": r.After}
-	msg := fmt.Sprintf("wrote %s to %s", human.Size(r.BytesWritten), orDash(r.Disk))
+	msg := fmt.Sprintf("wrote %s to %s", human.Size(r.ImageSize), orDash(r.Target.Path))
 	if r.DurationMS > 0 {
 		secs := float64(r.DurationMS) / 1000
-		rate := float64(r.BytesWritten) / 1e6 / secs
+		rate := float64(r.ImageSize) / 1e6 / secs
 		data["mb_per_s"] = float64(int64(rate*10+0.5)) / 10
 		msg += fmt.Sprintf(" in %.1f s (%.1f MB/s)", secs, rate)
 	}

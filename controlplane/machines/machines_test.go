@@ -48,7 +48,7 @@ func TestSpecs(t *testing.T) {
 	}
 	var boot protocol.BootSection
 	json.Unmarshal(spec.Sections[protocol.SectionBoot], &boot)
-	if len(boot.Entries) != 2 || boot.Entries[0] != (protocol.BootEntry{MAC: "52:54:00:00:00:01", Mode: protocol.BootRamdisk, Machine: a.ID}) ||
+	if len(boot.Entries) != 2 || boot.Entries[0] != (protocol.BootEntry{MAC: "52:54:00:00:00:01", Mode: protocol.BootRamdisk}) ||
 		boot.Entries[1].MAC != "52:54:00:00:00:02" {
 		t.Errorf("boot %+v (one entry per MAC of the machine with a boot mode)", boot)
 	}

@@ -48,7 +48,7 @@ func (s *Specs) Spec(ctx context.Context, node store.Node) (*protocol.Spec, erro
 	for _, m := range ms {
 		if mode := m.EffectiveBootMode(); mode != "" {
 			for _, mac := range m.MACs {
-				boot.Entries = append(boot.Entries, protocol.BootEntry{MAC: mac, Mode: mode, Machine: m.ID})
+				boot.Entries = append(boot.Entries, protocol.BootEntry{MAC: mac, Mode: mode})
 			}
 		}
 		if m.BMC != nil {
