@@ -421,6 +421,10 @@ func (c *Controller) Deploy(ctx context.Context, m store.Machine, spec store.Dep
 			"machine %s is %s with deployment %s: wait for it, or stop it first (better-compute machines cancel %s)", m.ID, cur.State, cur.Deployment, m.ID)
 	case errors.Is(err, store.ErrNotFound):
 		return store.Deployment{}, store.Machine{}, refusal.New(protocol.CodeNotFound, "machine %s does not exist", m.ID)
+	case errors.Is(err, store.ErrConflict):
+		// A node joined for the machine while the deploy adopted the one
+		// before it: what the deploy decided may be stale.
+		return store.Deployment{}, store.Machine{}, refusal.Unavailable(fmt.Sprintf("a node joined for machine %s while the deployment started; try again", m.ID))
 	case err != nil:
 		return store.Deployment{}, store.Machine{}, err
 	}

@@ -647,6 +647,16 @@ func transitions() []transition {
 			state: store.MachineFailed, step: StepDone,
 			check: func(t *testing.T, w *world, d store.Deployment) { adopted(t, w, "n_rd2", "") }},
 
+		// a running deployment in a state it does not run in
+		{name: "registered with a running deployment fails", from: then(atDeploy, func(w *world) {
+			w.editMachine(func(m *store.Machine) { m.State = store.MachineRegistered })
+		}), event: nothing, state: store.MachineFailed, step: StepDone, events: []string{evState},
+			reason: "the machine is registered, a state its deployment does not run in",
+			check: func(t *testing.T, w *world, d store.Deployment) {
+				outcome(OutcomeFailed)(t, w, d)
+				revoked(t, w, tokenID)
+			}},
+
 		// no deployment
 		{name: "registered/nothing to do", from: atRegistered, event: after(time.Hour), state: store.MachineRegistered, noWrite: true},
 		{name: "registered/a pending binding is adopted", from: atRegistered, event: func(w *world) { w.bindRamdisk(ramdiskID, 5) },
@@ -1409,4 +1419,25 @@ func (s *fakeStore) list(keep func(store.Machine) bool) []store.Machine {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
+}
+
+// TestDeployBindingRace: a binding that arrives while Deploy adopts a
+// pending one makes the start conflict; the caller is told to try again
+// (a retryable refusal), not given the store's error.
+func TestDeployBindingRace(t *testing.T) {
+	w := newWorld(testInstall(t))
+	w.bindRamdisk(ramdiskID, 0)
+	w.s.beforeWrite = func() { w.bindRamdisk("n_rd2", 6) }
+	_, _, err := w.c.Deploy(context.Background(), w.machine(), testSpec())
+	r := refusal.As(err)
+	if r == nil || r.Code != protocol.CodeUnavailable || !r.Retryable {
+		t.Fatalf("deploy: %v, want a retryable UNAVAILABLE", err)
+	}
+	want(t, "deployment", w.machine().Deployment, "")
+	w.s.beforeWrite = nil
+	if _, _, err := w.c.Deploy(context.Background(), w.machine(), testSpec()); err != nil {
+		t.Fatal(err)
+	}
+	want(t, "state", w.machine().State, store.MachineRamdisk)
+	adopted(t, w, "n_rd2", "")
 }
