@@ -99,6 +99,8 @@ func TestMachineFlow(t *testing.T) {
 		t.Errorf("replayed nonce: %+v", er)
 	}
 	ramdisk := rd.Dial(t, gw, roots, rdRes)
+	// The lifecycle adopts the join's binding into the machine's status.
+	waitMachine(t, op, "r1u1", func(m apitype.MachineInfo) bool { return m.RamdiskNode == rdRes.NodeID })
 	got, err := op.GetMachine(ctx, "r1u1")
 	if err != nil || got.RamdiskNode != rdRes.NodeID || got.LastBootStage != protocol.StageScript || len(got.Inventory) == 0 {
 		t.Fatalf("machine after the ramdisk's join: %+v %v", got, err)
@@ -183,6 +185,9 @@ func TestMachineFlow(t *testing.T) {
 	if res := osAgent.Verify(t, b, jr); res.NodeID != nodeID || res.Pool != apitype.DefaultPool {
 		t.Errorf("installed OS joined as %+v", res)
 	}
+	// The join records the binding; the lifecycle adopts it into the
+	// machine's status a moment later.
+	waitMachine(t, op, m.ID, func(m apitype.MachineInfo) bool { return m.Node == nodeID && m.RamdiskNode == "" })
 	ms, err := op.ListMachines(ctx, "")
 	if err != nil || len(ms) != 1 || ms[0].Node != nodeID || ms[0].RamdiskNode != "" {
 		t.Fatalf("machines %+v %v", ms, err)
