@@ -8,12 +8,18 @@
 //	join       the JoinService and its attestors (join-token, provisioned,
 //	           discovery)
 //	gateway    POST /v1/join and the /v1/session WebSockets
-//	machines   site agents' specs (boot, bmc_hosts, http_proxy), their
-//	           machine.booted and boot.nonce events, a deploy's files
+//	machines   machines.Service, the api's only way to change a machine
+//	           (its spec; busy machines refuse); site agents' specs (boot,
+//	           bmc_hosts, http_proxy), their machine.booted and boot.nonce
+//	           events, a deploy's files
 //	lifecycle  the machine lifecycle: the state machine from machines
 //	           deploy to provisioned or failed, run by a controller in
-//	           serve (timeouts: --lifecycle-timeouts)
+//	           serve (timeouts: --lifecycle-timeouts); the only writer of a
+//	           machine's status, which adopts the JoinService's bindings
 //	api        /.well-known/better-compute, downloads, the operator api
+//	apitype    the api's resource types, apart from the store's rows
+//	refusal    domain refusals (code, message); httpjson maps them to HTTP
+//	           at the api and gateway edges
 //	downloads  the release binaries route
 //	client     the operator's api client (the CLI uses it)
 //	token, ids the bcjt_/bcop_ secrets and the n_/jt_/cmd_/m_ ids

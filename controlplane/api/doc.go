@@ -76,8 +76,11 @@
 // has_password and the redactions above happen.
 //
 // Bodies are JSON both ways; unknown fields are refused. Every refusal is a
-// protocol.ErrorResponse: INVALID_INPUT (400), UNAUTHENTICATED (401),
-// NOT_FOUND (404), ALREADY_EXISTS (409; a MAC or machine name taken),
+// protocol.ErrorResponse (domain packages return a refusal.Refusal, which
+// httpjson maps here): INVALID_INPUT (400), UNAUTHENTICATED (401),
+// NOT_FOUND (404), ALREADY_EXISTS (409; a MAC or machine name taken, a
+// deployment already running), MACHINE_BUSY (409; a spec change, manual BMC
+// command or delete of a machine whose deployment runs: machines.Service),
 // NODE_REVOKED (403) for a deleted node, UNSUPPORTED (422) for a command kind
 // the node's role does not run, UNAVAILABLE (503, retryable) when the store
 // fails or the agent a machine command needs is not connected.

@@ -55,6 +55,20 @@
 // revokes the attempt's unused token; a command an agent runs is not called
 // back and whatever it reports is ignored.
 //
+// # Ownership
+//
+// The controller is the only writer of a machine's status (state and reason,
+// boot mode in effect, ramdisk node, installed node, deployment). The
+// JoinService does not bind a node to a machine itself: it records the binding
+// as an observation (MachineObserved.BoundRamdisk, BoundNode and BindSeq) and
+// reports it (Bound); the next step of the machine adopts it into the status,
+// in the transaction of that step, under a BindSeq check (plan.adopt). Whether
+// a ramdisk is new is decided against the deployment's LeftRamdisk (the one it
+// left behind when it PXE-booted), never by comparing records that mean two
+// things. Deploy expects a spec the api normalized and validated
+// (apitype.DeployCreate) and clears the operator's boot override: the
+// deployment decides the boot mode from then on.
+//
 // # Running it
 //
 // Everything is in the store: the machine's state and a deployment record

@@ -5,6 +5,19 @@
 // attached to machines, boot.nonce events kept hashed for the discovery
 // attestor), and the files a deploy writes into the installed OS.
 //
+// # Who changes a machine
+//
+// Service is the api's only way to change a machine. It owns the spec (name,
+// MACs, BMC, firmware, approval, the operator's boot override), validates
+// what the operator gives, and routes deploy and cancel to the lifecycle
+// controller. While a deployment runs, a spec change, a manual bmc.power or
+// bmc.bootdev and a delete are refused with MACHINE_BUSY naming the
+// deployment ("machine m_… is deploying (dep_…): cancel it first"), checked
+// in the store's transaction; approval stays allowed, since a deploy in a
+// site with manual approval waits for it. PickSiteAgent and NewCommand are
+// shared with the lifecycle, so both pick the same site agent and make
+// commands the same way.
+//
 // # Spec sections
 //
 // A node of role site is sent, on its Welcome and whenever they change:

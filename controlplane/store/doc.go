@@ -22,7 +22,16 @@
 // lifecycle step writes its deployment, the machine's state with its
 // "state" event, and the commands, tokens and events it makes at once
 // (StartDeployment, AdvanceDeployment), and a write from a stale version of
-// a deployment is ErrConflict. Times are kept at least to the millisecond
+// a deployment is ErrConflict.
+//
+// A machine's record has one writer per part (see Machine): the spec is
+// written only through UpdateMachine (machines.Service), which refuses a
+// busy machine in the same transaction when asked (IfIdle, *BusyError); the
+// status only by the lifecycle's StartDeployment, AdvanceDeployment and
+// AdoptBindings; the observed part by agents' reports (Admit records a
+// join's binding and moves BindSeq on, RecordBoot, an inventory's status).
+// An adoption names the BindSeq it read and is ErrConflict when another
+// binding came meanwhile. Times are kept at least to the millisecond
 // and come back in UTC. store/storetest checks all of it through these
 // interfaces alone; every implementation runs it (storetest.Run).
 package store

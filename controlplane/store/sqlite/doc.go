@@ -28,15 +28,20 @@
 //	events          id PK, node_id, session_id, seq, kind, time, level,
 //	                message, data, received_at
 //	operator_tokens id PK, hash UNIQUE, created_at
-//	machines        id PK (m_…), name (NULL for none; UNIQUE per site), site
-//	                → sites, boot_mode ('', ramdisk, local), bmc_address,
-//	                bmc_port, bmc_username, bmc_password (the file is 0600;
-//	                never returned by the api), bmc_cipher_suite, state
-//	                (the lifecycle's), state_reason, state_changed_at,
-//	                ramdisk_node, node, inventory (JSON), inventory_at,
-//	                approved, last_boot_stage, last_boot_at, created_at,
-//	                updated_at, firmware (bios, uefi), deployment (the
-//	                latest, '' for none)
+//	machines        id PK (m_…), site → sites, created_at, updated_at;
+//	                spec (the operator's, through machines.Service): name
+//	                (NULL for none; UNIQUE per site), bmc_address, bmc_port,
+//	                bmc_username, bmc_password (the file is 0600; never
+//	                returned by the api), bmc_cipher_suite, firmware (bios,
+//	                uefi), approved, boot_override ('', ramdisk, local,
+//	                none); status (the lifecycle's only): state,
+//	                state_reason, state_changed_at, boot_mode ('', ramdisk,
+//	                local), ramdisk_node, node, deployment (the latest, ''
+//	                for none), bind_applied; observed (agents' reports):
+//	                inventory (JSON), inventory_at, last_boot_stage,
+//	                last_boot_at, bound_ramdisk, bound_node, bind_seq (the
+//	                JoinService's bindings, which the lifecycle adopts into
+//	                ramdisk_node and node while bind_applied catches up)
 //	machine_macs    mac PK (lowercase, colons), machine_id → machines
 //	machine_events  id PK, machine_id, time, kind, message, node_id,
 //	                command_id, data (JSON): the machine's timeline
@@ -44,7 +49,8 @@
 //	                target, after, cmdline, pool; no secret), step,
 //	                deadline, boot_attempts, deploy_attempts,
 //	                deploy_failures, bmc_attempts,
-//	                command_id, ramdisk_node, node_id, token_id, lost_at,
+//	                command_id, ramdisk_node (in use), left_ramdisk (left
+//	                behind when it PXE-booted), node_id, token_id, lost_at,
 //	                node_session, node_boot_id, outcome, version (grows
 //	                with each write: a stale write is ErrConflict),
 //	                created_at, updated_at, finished_at (NULL while it runs)
@@ -54,7 +60,8 @@
 //	                used_by
 //
 // Migrations are numbered by PRAGMA user_version (1: the first schema, 2:
-// machines, 3: the machine lifecycle) and run in one transaction at open; a
+// machines, 3: the machine lifecycle, 4: a machine's record split by owner)
+// and run in one transaction at open; a
 // database newer than the build is refused.
 //
 // Times are Unix milliseconds (UTC); an absent time is NULL.
