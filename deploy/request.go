@@ -77,8 +77,11 @@ func (c Content) GoString() string { return c.String() }
 // After is what happens once the disk is written and checked. For kexec the
 // kernel, initrd and command line are found in the image unless given here.
 type After struct {
-	// Action is protocol.AfterNone (the default), AfterKexec, AfterReboot or
-	// AfterPowerOff.
+	// Action is protocol.AfterNone (the default: a deploy.image an operator
+	// sends by hand leaves the ramdisk up), AfterKexec, AfterReboot or
+	// AfterPowerOff. A deployment always names its action
+	// (apitype.DeployCreate.Normalize defaults it to kexec: a deployment ends
+	// with the installed OS running).
 	Action string
 	// Kernel and Initrd are paths in FS (root by default).
 	Kernel, Initrd, FS string

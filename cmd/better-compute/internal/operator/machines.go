@@ -211,7 +211,7 @@ func newMachinesListCmd(af *apiFlags) *cobra.Command {
 					last = m.LastBootStage + " " + ago(m.LastBootAt, now)
 				}
 				state := m.State
-				if m.State == "failed" && m.StateReason != "" {
+				if m.State == apitype.MachineFailed && m.StateReason != "" {
 					state += ": " + m.StateReason
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.ID, dash(m.Name), m.Site, mac, dash(m.BootMode), state,
