@@ -324,7 +324,7 @@ func TestSessionEventJournaledAndAcked(t *testing.T) {
 	}
 	f := newSession(t, g)
 	// Journaled before any connection: replayed after the first Welcome.
-	if err := f.s.Event(protocol.Event{Kind: "log", Message: "before the session"}); err != nil {
+	if err := f.s.Event(protocol.Event{Kind: protocol.EventLog, Message: "before the session"}); err != nil {
 		t.Fatal(err)
 	}
 	f.run(t)

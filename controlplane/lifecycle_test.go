@@ -474,7 +474,7 @@ func (l *lab) timeline(fm *fakeMachine) []apitype.MachineEvent {
 func states(evs []apitype.MachineEvent) string {
 	var out []string
 	for _, e := range evs {
-		if e.Kind == store.MachineEventState {
+		if e.Kind == protocol.MachineEventState {
 			var d struct{ To string }
 			json.Unmarshal(e.Data, &d)
 			out = append(out, d.To)
@@ -539,8 +539,8 @@ func TestLifecycleHappyPath(t *testing.T) {
 		t.Errorf("states %s", s)
 	}
 	k := kinds(evs)
-	for kind, n := range map[string]int{"machine.booted": 5, "boot.nonce": 1, "join": 2, "command": 5, lifecycle.EventDeployDone: 1,
-		lifecycle.EventNodeReady: 1} {
+	for kind, n := range map[string]int{protocol.EventMachineBooted: 5, protocol.EventBootNonce: 1, protocol.MachineEventJoin: 2, protocol.MachineEventCommand: 5, protocol.MachineEventDeployDone: 1,
+		protocol.MachineEventNodeReady: 1} {
 		if k[kind] != n {
 			t.Errorf("%d %s events, want %d (%v)", k[kind], kind, n, k)
 		}
@@ -560,10 +560,10 @@ func TestLifecycleHappyPath(t *testing.T) {
 		if secret == "" || strings.Contains(e.Message+string(e.Data), secret) {
 			t.Errorf("the timeline shows the join token: %+v", e)
 		}
-		if e.Kind == store.MachineEventCommandStatus && strings.Contains(string(e.Data), `"done":33554432`) {
+		if e.Kind == protocol.MachineEventCommandStatus && strings.Contains(string(e.Data), `"done":33554432`) {
 			sawProgress = true
 		}
-		if e.Kind == lifecycle.EventDeployDone && strings.Contains(e.Message, "MB/s") && strings.Contains(string(e.Data), `"mb_per_s":47.9`) {
+		if e.Kind == protocol.MachineEventDeployDone && strings.Contains(e.Message, "MB/s") && strings.Contains(string(e.Data), `"mb_per_s":47.9`) {
 			sawRate = true
 		}
 	}
@@ -574,12 +574,12 @@ func TestLifecycleHappyPath(t *testing.T) {
 	// The node reboots: offline, then back with the same identity.
 	node := fm.node
 	node.sess.Close()
-	waitFor(t, "node offline", func() bool { return kinds(l.timeline(fm))[lifecycle.EventNodeOffline] == 1 })
+	waitFor(t, "node offline", func() bool { return kinds(l.timeline(fm))[protocol.MachineEventNodeOffline] == 1 })
 	back := dial(t, l.gw(), l.roots(), node.agent, node.res, "os-boot-2")
 	defer back.sess.Close()
-	waitFor(t, "node back", func() bool { return kinds(l.timeline(fm))[lifecycle.EventNodeBack] == 1 })
+	waitFor(t, "node back", func() bool { return kinds(l.timeline(fm))[protocol.MachineEventNodeBack] == 1 })
 	for _, e := range l.timeline(fm) {
-		if e.Kind == lifecycle.EventNodeBack && (!strings.Contains(e.Message, "after a reboot") || !strings.Contains(string(e.Data), `"reboot":true`)) {
+		if e.Kind == protocol.MachineEventNodeBack && (!strings.Contains(e.Message, "after a reboot") || !strings.Contains(string(e.Data), `"reboot":true`)) {
 			t.Errorf("node back %+v", e)
 		}
 	}
@@ -681,7 +681,7 @@ func TestLifecycleRamdiskLost(t *testing.T) {
 	}
 	found := false
 	for _, e := range evs {
-		if e.Kind == store.MachineEventState && strings.HasPrefix(e.Message, "pxe-booting: the ramdisk disconnected during deploy.image and did not come back within 1s") {
+		if e.Kind == protocol.MachineEventState && strings.HasPrefix(e.Message, "pxe-booting: the ramdisk disconnected during deploy.image and did not come back within 1s") {
 			found = true
 		}
 	}

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/better-compute/bcd/internal/testenv"
+	"github.com/better-compute/bcd/protocol"
 )
 
 func newCSR(t *testing.T, c elliptic.Curve) (*ecdsa.PrivateKey, *x509.CertificateRequest) {
@@ -47,7 +48,7 @@ func TestIssueNodeCert(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, role := range []string{RoleNode, RoleSite, RoleRamdisk} {
+	for _, role := range []string{protocol.RoleNode, protocol.RoleSite, protocol.RoleRamdisk} {
 		t.Run(role, func(t *testing.T) {
 			der, err := b.IssueNodeCert(csr, role, "m-01_a", time.Hour)
 			if err != nil {
@@ -93,8 +94,8 @@ func TestIssueNodeCert(t *testing.T) {
 		})
 	}
 	t.Run("serials differ", func(t *testing.T) {
-		a, _ := b.IssueNodeCert(csr, RoleNode, "a", time.Hour)
-		c, _ := b.IssueNodeCert(csr, RoleNode, "a", time.Hour)
+		a, _ := b.IssueNodeCert(csr, protocol.RoleNode, "a", time.Hour)
+		c, _ := b.IssueNodeCert(csr, protocol.RoleNode, "a", time.Hour)
 		ca, _ := x509.ParseCertificate(a)
 		cc, _ := x509.ParseCertificate(c)
 		if ca.SerialNumber.Cmp(cc.SerialNumber) == 0 {
@@ -102,7 +103,7 @@ func TestIssueNodeCert(t *testing.T) {
 		}
 	})
 	t.Run("clamped to CA", func(t *testing.T) {
-		der, err := b.IssueNodeCert(csr, RoleNode, "a", 100*365*24*time.Hour)
+		der, err := b.IssueNodeCert(csr, protocol.RoleNode, "a", 100*365*24*time.Hour)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -132,19 +133,19 @@ func TestIssueNodeCertRefuses(t *testing.T) {
 		nodeID string
 		ttl    time.Duration
 	}{
-		{"bad CSR signature", badSig, RoleNode, "n1", time.Hour},
-		{"CSR key not its signer", &stolen, RoleNode, "n1", time.Hour},
-		{"P-384 CSR", p384, RoleNode, "n1", time.Hour},
-		{"nil CSR", nil, RoleNode, "n1", time.Hour},
+		{"bad CSR signature", badSig, protocol.RoleNode, "n1", time.Hour},
+		{"CSR key not its signer", &stolen, protocol.RoleNode, "n1", time.Hour},
+		{"P-384 CSR", p384, protocol.RoleNode, "n1", time.Hour},
+		{"nil CSR", nil, protocol.RoleNode, "n1", time.Hour},
 		{"unknown role", good, "admin", "n1", time.Hour},
 		{"empty role", good, "", "n1", time.Hour},
-		{"upper-case node id", good, RoleNode, "N1", time.Hour},
-		{"node id with slash", good, RoleNode, "n1/../x", time.Hour},
-		{"node id with dot", good, RoleNode, "n.1", time.Hour},
-		{"empty node id", good, RoleNode, "", time.Hour},
-		{"node id too long", good, RoleNode, strings.Repeat("a", 65), time.Hour},
-		{"zero ttl", good, RoleNode, "n1", 0},
-		{"negative ttl", good, RoleNode, "n1", -time.Hour},
+		{"upper-case node id", good, protocol.RoleNode, "N1", time.Hour},
+		{"node id with slash", good, protocol.RoleNode, "n1/../x", time.Hour},
+		{"node id with dot", good, protocol.RoleNode, "n.1", time.Hour},
+		{"empty node id", good, protocol.RoleNode, "", time.Hour},
+		{"node id too long", good, protocol.RoleNode, strings.Repeat("a", 65), time.Hour},
+		{"zero ttl", good, protocol.RoleNode, "n1", 0},
+		{"negative ttl", good, protocol.RoleNode, "n1", -time.Hour},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -153,7 +154,7 @@ func TestIssueNodeCertRefuses(t *testing.T) {
 			}
 		})
 	}
-	if _, err := (&Bundle{Public: b.Public}).IssueNodeCert(good, RoleNode, "n1", time.Hour); err == nil {
+	if _, err := (&Bundle{Public: b.Public}).IssueNodeCert(good, protocol.RoleNode, "n1", time.Hour); err == nil {
 		t.Error("IssueNodeCert without the node CA key succeeded")
 	}
 }
@@ -244,7 +245,7 @@ func TestPinnedMTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nodeDER, err := b.IssueNodeCert(csr, RoleSite, "site-1", time.Hour)
+	nodeDER, err := b.IssueNodeCert(csr, protocol.RoleSite, "site-1", time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -295,7 +296,7 @@ func TestPinnedMTLS(t *testing.T) {
 	if _, err := io.ReadFull(conn, buf); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := <-peer, SPIFFEID(DefaultTrustDomain, RoleSite, "site-1"); got != want {
+	if got, want := <-peer, SPIFFEID(DefaultTrustDomain, protocol.RoleSite, "site-1"); got != want {
 		t.Errorf("gateway saw %q, want %q", got, want)
 	}
 }
@@ -328,7 +329,7 @@ func TestOpenSSLVerifiesCerts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nodeDER, err := b.IssueNodeCert(csr, RoleNode, "n1", time.Hour)
+	nodeDER, err := b.IssueNodeCert(csr, protocol.RoleNode, "n1", time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}

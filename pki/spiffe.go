@@ -6,17 +6,11 @@ import (
 	"strings"
 
 	"github.com/better-compute/bcd/internal/human"
+	"github.com/better-compute/bcd/protocol"
 )
 
 // DefaultTrustDomain is the trust domain of a bundle made without one.
 const DefaultTrustDomain = "better-compute.local"
-
-// Roles a node certificate can carry; each agent mode joins as one of them.
-const (
-	RoleNode    = "node"
-	RoleSite    = "site"
-	RoleRamdisk = "ramdisk"
-)
 
 const spiffeScheme = "spiffe://"
 
@@ -41,10 +35,10 @@ func ValidateTrustDomain(td string) error {
 	return nil
 }
 
-// ValidateRole accepts node, site and ramdisk.
+// ValidateRole accepts the roles a node certificate can carry: node, site
+// and ramdisk (protocol.ValidRole).
 func ValidateRole(role string) error {
-	switch role {
-	case RoleNode, RoleSite, RoleRamdisk:
+	if protocol.ValidRole(role) {
 		return nil
 	}
 	return fmt.Errorf("role %q: want node, site or ramdisk", human.ShortN(role, 80))

@@ -5,11 +5,6 @@ import (
 	"path"
 )
 
-// EventLog is the kind of an Event that carries one of an agent's log lines: Level
-// and Message as logged, Data the line's attributes as a JSON object. The ramdisk
-// sends its log this way once it has joined, since nobody reads its console.
-const EventLog = "log"
-
 // Wipe modes of DiskWipeParams.Mode.
 const (
 	// WipeTables zeroes the first and last MiB of the disk: the MBR, both GPTs and

@@ -37,12 +37,6 @@ type BootEntry struct {
 	Cmdline string `json:"cmdline,omitempty"` // ramdisk: extra kernel parameters
 }
 
-// Event kinds a site agent sends.
-const (
-	EventMachineBooted = "machine.booted" // MachineBooted: the site served a machine
-	EventBootNonce     = "boot.nonce"     // BootNonce: the site minted a nonce for a MAC
-)
-
 // MachineBooted is the data of a machine.booted event: one step of a machine's boot
 // that the site agent served.
 type MachineBooted struct {

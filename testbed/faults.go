@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/better-compute/bcd/protocol"
 )
 
 // FleetEvent is one entry of a machine's timeline (machines events -o json).
@@ -53,7 +55,7 @@ func (f *Fleet) BootStages(m *FleetMachine, since time.Time) ([]BootStage, error
 	}
 	var out []BootStage
 	for _, e := range evs {
-		if e.Kind != "machine.booted" {
+		if e.Kind != protocol.EventMachineBooted {
 			continue
 		}
 		var b BootStage

@@ -16,6 +16,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/better-compute/bcd/protocol"
 )
 
 // The fleet's two networks. The management network holds the control plane and an
@@ -356,7 +358,7 @@ func (f *Fleet) StartSiteAgent(ctx context.Context) error {
 		}
 		json.Unmarshal([]byte(out), &nodes)
 		for _, n := range nodes {
-			if n.Role == "site" && n.Connected {
+			if n.Role == protocol.RoleSite && n.Connected {
 				return true
 			}
 		}

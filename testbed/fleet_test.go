@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/better-compute/bcd/internal/testenv"
+	"github.com/better-compute/bcd/protocol"
 )
 
 // buildFleetBinaries builds the three programs the fleet runs.
@@ -296,7 +297,7 @@ func faultGatewayRestartedMidDeploy(t *testing.T, f *Fleet) {
 	}
 	var installing time.Time
 	for _, e := range evs {
-		if e.Kind == "state" && strings.HasPrefix(e.Message, "installing") {
+		if e.Kind == protocol.MachineEventState && strings.HasPrefix(e.Message, "installing") {
 			installing = e.Time
 		}
 	}

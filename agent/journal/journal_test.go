@@ -34,7 +34,7 @@ func TestAppendAckSurvivesRestart(t *testing.T) {
 			t.Fatalf("seq = %d, want %d", st.Seq, i+1)
 		}
 	}
-	if _, err := j.AppendEvent(protocol.Event{Kind: "log", Message: "hello"}); err != nil {
+	if _, err := j.AppendEvent(protocol.Event{Kind: protocol.EventLog, Message: "hello"}); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := j.Ack(1); err != nil || n != 1 {
@@ -150,8 +150,8 @@ func TestBoundedDropsEventsFirst(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	mustStatus("s1")                                                      // seq 1
-	if _, err := j.AppendEvent(protocol.Event{Kind: "log"}); err != nil { // seq 2
+	mustStatus("s1")                                                                  // seq 1
+	if _, err := j.AppendEvent(protocol.Event{Kind: protocol.EventLog}); err != nil { // seq 2
 		t.Fatal(err)
 	}
 	mustStatus("s3") // seq 3

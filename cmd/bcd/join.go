@@ -13,6 +13,7 @@ import (
 	"github.com/better-compute/bcd/config"
 	"github.com/better-compute/bcd/internal/buildmode"
 	"github.com/better-compute/bcd/internal/cli"
+	"github.com/better-compute/bcd/protocol"
 )
 
 // joinHooks lets tests shorten the join's retries; the binary leaves it zero.
@@ -51,7 +52,7 @@ and exits 0 without reading a token.`,
 	f := cmd.Flags()
 	f.StringVar(&o.ConfigPath, "config", config.DefaultPath, "config.toml; join-encryption.jwk is read from (or, bootstrapping, written to) its directory")
 	f.StringVar(&o.DataDir, "data-dir", "", "where node.key and identity.json go (default: data_dir from config.toml, else "+config.DefaultDataDir+")")
-	f.StringVar(&o.Role, "role", "node", "role to join as: node or site")
+	f.StringVar(&o.Role, "role", protocol.RoleNode, "role to join as: node or site")
 	f.StringVar(&o.Attestor, "attestor", "", "how to prove the machine may join: join-token (default), provisioned (with --node-id) or tpm (not implemented yet)")
 	f.StringVar(&o.NodeID, "node-id", "", "the node an installed OS was provisioned as (attestor provisioned; still needs its token)")
 	f.StringVar(&o.TokenFile, "token-file", "", "read the token from this file (mode 0600 or 0400, at most 4 KiB); deleted once used")

@@ -74,6 +74,6 @@ func fullDeployment() store.Deployment {
 }
 
 func fullEvent() store.MachineEvent {
-	return store.MachineEvent{ID: 1, MachineID: "m_1", Time: t1, Kind: store.MachineEventState, Message: "m",
+	return store.MachineEvent{ID: 1, MachineID: "m_1", Time: t1, Kind: protocol.MachineEventState, Message: "m",
 		NodeID: "n_1", CommandID: "cmd_1", Data: json.RawMessage(`{"from":"a","to":"b"}`)}
 }

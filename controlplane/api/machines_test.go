@@ -241,7 +241,7 @@ func TestMachineBMCCommands(t *testing.T) {
 	}
 	e.notes.mu.Unlock()
 	evs, _ := e.c.MachineEvents(ctx, m.ID, 0)
-	if n := len(evs.Events); n != 3 || evs.Events[1].Kind != "command" || evs.Events[1].CommandID == "" {
+	if n := len(evs.Events); n != 3 || evs.Events[1].Kind != protocol.MachineEventCommand || evs.Events[1].CommandID == "" {
 		t.Errorf("timeline %+v", evs.Events)
 	}
 	// Inventory goes to the ramdisk, which the machine has not got.

@@ -19,7 +19,7 @@ func FuzzDecodeFrame(f *testing.F) {
 	}{
 		{protocol.FrameHello, protocol.Hello{ProtocolVersion: 1, NodeID: "n_1", Role: "node"}},
 		{protocol.FrameStatus, protocol.Status{Seq: 1, CommandID: "cmd_1", State: "RUNNING", Progress: &protocol.Progress{Done: 1}}},
-		{protocol.FrameEvent, protocol.Event{Seq: 2, Kind: "log", Data: json.RawMessage(`{"a":1}`)}},
+		{protocol.FrameEvent, protocol.Event{Seq: 2, Kind: protocol.EventLog, Data: json.RawMessage(`{"a":1}`)}},
 	} {
 		fr, _ := protocol.NewFrame(v.typ, v.v)
 		b, _ := json.Marshal(fr)

@@ -273,7 +273,7 @@ func TestSession(t *testing.T) {
 	if got.State != protocol.StateRunning || !strings.Contains(string(got.Progress), `"done":1`) {
 		t.Errorf("stored command %+v", got)
 	}
-	c.send(protocol.FrameEvent, protocol.Event{Seq: 2, Kind: "log", Time: time.Now(), Message: "rebooting soon"})
+	c.send(protocol.FrameEvent, protocol.Event{Seq: 2, Kind: protocol.EventLog, Time: time.Now(), Message: "rebooting soon"})
 	c.expect(protocol.FrameAck, &ack)
 	c.send(protocol.FrameStatus, protocol.Status{Seq: 3, CommandID: id, State: protocol.StateSucceeded, Result: json.RawMessage(`{"ok":true}`), Time: time.Now()})
 	c.expect(protocol.FrameAck, &ack)
@@ -338,7 +338,7 @@ func TestRedeliveryUntilTerminal(t *testing.T) {
 	}
 	c.send(protocol.FrameHello, hello(res))
 	c.expect(protocol.FrameWelcome, nil)
-	c.send(protocol.FrameEvent, protocol.Event{Seq: 10, Kind: "log"})
+	c.send(protocol.FrameEvent, protocol.Event{Seq: 10, Kind: protocol.EventLog})
 	var f protocol.Frame
 	if f, err = c.recv(); err != nil || f.Type != protocol.FrameAck {
 		t.Errorf("after a finished command the next frame is %s %v, want the ack", f.Type, err)
@@ -440,7 +440,7 @@ func TestOneSessionPerNode(t *testing.T) {
 		t.Errorf("older session: %v, want close 1008", err)
 	}
 	// The newer one still works.
-	c2.send(protocol.FrameEvent, protocol.Event{Seq: 1, Kind: "log"})
+	c2.send(protocol.FrameEvent, protocol.Event{Seq: 1, Kind: protocol.EventLog})
 	c2.expect(protocol.FrameAck, nil)
 	if n := e.gw.SessionCount(); n != 1 {
 		t.Errorf("%d sessions, want 1", n)

@@ -124,9 +124,9 @@ func TestSiteSpecOnWelcomeAndOnChange(t *testing.T) {
 	// Nothing changed: nothing is sent (the next frame is the event's ack).
 	e.gw.SpecChanged(cptest.Site)
 	e.gw.SpecChanged("ams1")
-	c.send(protocol.FrameEvent, protocol.Event{Seq: 1, Kind: "log"})
+	c.send(protocol.FrameEvent, protocol.Event{Seq: 1, Kind: protocol.EventLog})
 	c.expect(protocol.FrameAck, nil)
-	nc.send(protocol.FrameEvent, protocol.Event{Seq: 1, Kind: "log"})
+	nc.send(protocol.FrameEvent, protocol.Event{Seq: 1, Kind: protocol.EventLog})
 	nc.expect(protocol.FrameAck, nil)
 
 	// A deleted machine leaves both tables.

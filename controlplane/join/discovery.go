@@ -87,7 +87,7 @@ func NewDiscoveryAttestor(st DiscoveryStore) Attestor {
 			e := refusal.New(code, format, args...)
 			if m.ID != "" {
 				data, _ := json.Marshal(map[string]string{"code": code, "mac": n.MAC})
-				if err := st.AddMachineEvent(ctx, store.MachineEvent{MachineID: m.ID, Time: r.Now, Kind: "join.refused",
+				if err := st.AddMachineEvent(ctx, store.MachineEvent{MachineID: m.ID, Time: r.Now, Kind: protocol.MachineEventJoinRefused,
 					Message: "a ramdisk join was refused: " + e.Error(), Data: data}); err != nil {
 					return Verdict{}, err
 				}
@@ -124,7 +124,7 @@ func NewDiscoveryAttestor(st DiscoveryStore) Attestor {
 				return Verdict{}, err
 			}
 			if first {
-				if err := st.AddMachineEvent(ctx, store.MachineEvent{MachineID: m.ID, Time: r.Now, Kind: "join.deferred",
+				if err := st.AddMachineEvent(ctx, store.MachineEvent{MachineID: m.ID, Time: r.Now, Kind: protocol.MachineEventJoinDeferred,
 					Message: fmt.Sprintf("the ramdisk waits for approval (site %s approves manually): better-compute machines approve %s", m.Site, m.ID)}); err != nil {
 					return Verdict{}, err
 				}

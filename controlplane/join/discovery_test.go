@@ -64,7 +64,7 @@ func TestDiscoveryJoin(t *testing.T) {
 	evs, _ := f.st.MachineEvents(ctx, m.ID, 0)
 	joins := 0
 	for _, e := range evs {
-		if e.Kind == store.MachineEventJoin {
+		if e.Kind == protocol.MachineEventJoin {
 			joins++
 		}
 	}
@@ -214,7 +214,7 @@ func TestDiscoveryManualApproval(t *testing.T) {
 	evs, _ := f.st.MachineEvents(ctx, m.ID, 0)
 	deferred := 0
 	for _, e := range evs {
-		if e.Kind == "join.deferred" {
+		if e.Kind == protocol.MachineEventJoinDeferred {
 			deferred++
 		}
 	}

@@ -33,16 +33,6 @@ const (
 	OutcomeCancelled   = "cancelled"
 )
 
-// Kinds of the machine events the controller writes besides its state
-// transitions (store.MachineEventState).
-const (
-	EventNote        = "lifecycle"    // what a step waits for, a retry, a ramdisk lost and back
-	EventDeployDone  = "deploy.done"  // deploy.image SUCCEEDED: bytes, seconds, MB/s
-	EventNodeReady   = "node.ready"   // the installed OS's node is ready: provisioned
-	EventNodeOffline = "node.offline" // a provisioned machine's node lost its session
-	EventNodeBack    = "node.back"    // … and has one again (data: reboot, boot_id)
-)
-
 // plan is one step of one machine: the deployment as it will be written and
 // what goes with it in the same transaction.
 type plan struct {
@@ -234,7 +224,7 @@ func (p *plan) bmc(ctx context.Context) error {
 		}
 		d.BootAttempts++
 		d.Step, d.Deadline = StepWaitJoin, p.now.Add(t.Ramdisk)
-		p.note(EventNote, fmt.Sprintf("power cycled (%d of %d); waiting up to %s for the ramdisk to join", d.BootAttempts,
+		p.note(protocol.MachineEventNote, fmt.Sprintf("power cycled (%d of %d); waiting up to %s for the ramdisk to join", d.BootAttempts,
 			1+p.c.bootRetries(), t.Ramdisk), map[string]any{"boot_attempt": d.BootAttempts})
 		return nil
 	case protocol.StateFailed, protocol.StateUnsupported:
@@ -252,7 +242,7 @@ func (p *plan) bmcFailed(ctx context.Context, why string) error {
 		p.fail(why, OutcomeFailed)
 		return nil
 	}
-	p.note(EventNote, why+"; sending it again", nil)
+	p.note(protocol.MachineEventNote, why+"; sending it again", nil)
 	d.CommandID, d.Deadline = "", time.Time{}
 	return p.sendBMC(ctx)
 }
@@ -270,7 +260,7 @@ func (p *plan) sendBMC(ctx context.Context) error {
 		switch {
 		case d.Deadline.IsZero():
 			d.Deadline = p.now.Add(t.BMC)
-			p.note(EventNote, fmt.Sprintf("no site agent of site %s is connected to drive the BMC; waiting up to %s for one", m.Site, t.BMC), nil)
+			p.note(protocol.MachineEventNote, fmt.Sprintf("no site agent of site %s is connected to drive the BMC; waiting up to %s for one", m.Site, t.BMC), nil)
 		case !p.now.Before(d.Deadline):
 			p.fail(fmt.Sprintf("no site agent of site %s connected within %s to drive the BMC", m.Site, t.BMC), OutcomeFailed)
 		}
@@ -355,9 +345,9 @@ func (p *plan) ramdisk(ctx context.Context) error {
 		}
 		switch {
 		case !done:
-			p.note(EventNote, fmt.Sprintf("no inventory within %s; deploying without it", p.c.timeouts().Inventory), nil)
+			p.note(protocol.MachineEventNote, fmt.Sprintf("no inventory within %s; deploying without it", p.c.timeouts().Inventory), nil)
 		case cmd.State != protocol.StateSucceeded:
-			p.note(EventNote, fmt.Sprintf("inventory %s: %s; deploying all the same", cmd.State, reasonOf(cmd)), nil)
+			p.note(protocol.MachineEventNote, fmt.Sprintf("inventory %s: %s; deploying all the same", cmd.State, reasonOf(cmd)), nil)
 		}
 	}
 	return p.startDeploy("")
@@ -476,7 +466,7 @@ func (p *plan) installed(cmd store.Command) {
 	var res protocol.DeployImageResult
 	json.Unmarshal(cmd.Result, &res)
 	summary, data := deploySummary(res)
-	p.note(EventDeployDone, "deploy.image "+summary, data)
+	p.note(protocol.MachineEventDeployDone, "deploy.image "+summary, data)
 	d.Step, d.CommandID, d.Deadline, d.LostAt = StepWaitNode, "", p.now.Add(t.Install), time.Time{}
 	next := "the ramdisk kexecs into the installed OS"
 	if d.Spec.After == protocol.AfterReboot {
@@ -507,7 +497,7 @@ func (p *plan) installing(ctx context.Context) error {
 			d.NodeSession, d.NodeBootID = n.SessionID, se.BootID
 			d.Step, d.Deadline = StepDone, time.Time{}
 			p.state(store.MachineProvisioned, fmt.Sprintf("node %s ready", n.ID))
-			p.note(EventNodeReady, fmt.Sprintf("node ready: the installed OS joined as node %s and its session was welcomed; boot entry local", n.ID),
+			p.note(protocol.MachineEventNodeReady, fmt.Sprintf("node ready: the installed OS joined as node %s and its session was welcomed; boot entry local", n.ID),
 				map[string]any{"node": n.ID})
 			p.ch.Finish = OutcomeProvisioned
 			return nil
@@ -548,7 +538,7 @@ func (p *plan) checkRamdisk(seen ramdiskSeen, during string) (handled bool, err 
 		return true, p.rebootIntoRamdisk(fmt.Sprintf("ramdisk node %s was retired during %s", d.RamdiskNode, during))
 	case !seen.connected && d.LostAt.IsZero():
 		d.LostAt = p.now
-		p.note(EventNote, fmt.Sprintf("ramdisk node %s disconnected during %s; waiting up to %s for it to come back", d.RamdiskNode, during, grace), nil)
+		p.note(protocol.MachineEventNote, fmt.Sprintf("ramdisk node %s disconnected during %s; waiting up to %s for it to come back", d.RamdiskNode, during, grace), nil)
 		return true, nil
 	case !seen.connected && p.now.Sub(d.LostAt) < grace:
 		return true, nil
@@ -556,7 +546,7 @@ func (p *plan) checkRamdisk(seen ramdiskSeen, during string) (handled bool, err 
 		return true, p.rebootIntoRamdisk(fmt.Sprintf("the ramdisk disconnected during %s and did not come back within %s", during, grace))
 	case !d.LostAt.IsZero():
 		d.LostAt = time.Time{}
-		p.note(EventNote, fmt.Sprintf("ramdisk node %s reconnected", d.RamdiskNode), nil)
+		p.note(protocol.MachineEventNote, fmt.Sprintf("ramdisk node %s reconnected", d.RamdiskNode), nil)
 	}
 	return false, nil
 }
@@ -578,7 +568,7 @@ func (p *plan) provisioned(ctx context.Context) error {
 	switch {
 	case n.SessionID == 0 && d.NodeSession != 0:
 		d.NodeSession = 0
-		p.note(EventNodeOffline, fmt.Sprintf("node %s lost its session (reboot, power off, network, or a control plane restart)", n.ID),
+		p.note(protocol.MachineEventNodeOffline, fmt.Sprintf("node %s lost its session (reboot, power off, network, or a control plane restart)", n.ID),
 			map[string]any{"node": n.ID})
 	case n.SessionID != 0 && n.SessionID != d.NodeSession:
 		se, err := p.c.Store.GetSession(ctx, n.SessionID)
@@ -590,7 +580,7 @@ func (p *plan) provisioned(ctx context.Context) error {
 		if reboot {
 			msg = fmt.Sprintf("node back: node %s came back after a reboot with the same identity", n.ID)
 		}
-		p.note(EventNodeBack, msg, map[string]any{"node": n.ID, "reboot": reboot, "boot_id": se.BootID})
+		p.note(protocol.MachineEventNodeBack, msg, map[string]any{"node": n.ID, "reboot": reboot, "boot_id": se.BootID})
 		d.NodeSession, d.NodeBootID = n.SessionID, se.BootID
 	}
 	return nil

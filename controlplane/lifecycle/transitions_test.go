@@ -330,8 +330,8 @@ type transition struct {
 }
 
 const (
-	evState   = store.MachineEventState
-	evCommand = store.MachineEventCommand
+	evState   = protocol.MachineEventState
+	evCommand = protocol.MachineEventCommand
 )
 
 func transitions() []transition {
@@ -350,22 +350,22 @@ func transitions() []transition {
 		{name: "bootdev/pending within the deadline waits", from: atBootdev, event: after(tmo.BMC - time.Second),
 			state: store.MachinePXEBooting, step: StepBootdev, noWrite: true},
 		{name: "bootdev/FAILED with a retry left sends it again", from: atBootdev, event: cmdStatus(bmcCmd, protocol.StateFailed, "IPMIError"),
-			state: store.MachinePXEBooting, step: StepBootdev, cmds: []string{cmd(bootdev, siteAgent)}, events: []string{EventNote, evCommand},
+			state: store.MachinePXEBooting, step: StepBootdev, cmds: []string{cmd(bootdev, siteAgent)}, events: []string{protocol.MachineEventNote, evCommand},
 			check: func(t *testing.T, w *world, d store.Deployment) { want(t, "bmc attempts", d.BMCAttempts, 2) }},
 		{name: "bootdev/FAILED with no retry left fails", from: then(atBootdev, func(w *world) { w.editDep(func(d *store.Deployment) { d.BMCAttempts = 2 }) }),
 			event: cmdStatus(bmcCmd, protocol.StateFailed, "IPMIError"),
 			state: store.MachineFailed, step: StepDone, events: []string{evState}, reason: "bmc.bootdev pxe FAILED: IPMIError",
 			check: outcome(OutcomeFailed)},
 		{name: "bootdev/UNSUPPORTED counts as FAILED", from: atBootdev, event: cmdStatus(bmcCmd, protocol.StateUnsupported, ""),
-			state: store.MachinePXEBooting, step: StepBootdev, cmds: []string{cmd(bootdev, siteAgent)}, events: []string{EventNote, evCommand}},
+			state: store.MachinePXEBooting, step: StepBootdev, cmds: []string{cmd(bootdev, siteAgent)}, events: []string{protocol.MachineEventNote, evCommand}},
 		{name: "bootdev/no answer past the deadline sends it again", from: atBootdev, event: after(tmo.BMC),
-			state: store.MachinePXEBooting, step: StepBootdev, cmds: []string{cmd(bootdev, siteAgent)}, events: []string{EventNote, evCommand}},
+			state: store.MachinePXEBooting, step: StepBootdev, cmds: []string{cmd(bootdev, siteAgent)}, events: []string{protocol.MachineEventNote, evCommand}},
 		{name: "bootdev/no answer past the deadline, no retry left, fails",
 			from:  then(atBootdev, func(w *world) { w.editDep(func(d *store.Deployment) { d.BMCAttempts = 2 }) }),
 			event: after(tmo.BMC), state: store.MachineFailed, step: StepDone, events: []string{evState},
 			reason: "bmc.bootdev pxe: no answer from site agent n_site within 2m0s", check: outcome(OutcomeFailed)},
 		{name: "bootdev/command gone is sent again", from: atBootdev, event: func(w *world) { delete(w.s.commands, bmcCmd) },
-			state: store.MachinePXEBooting, step: StepBootdev, cmds: []string{cmd(bootdev, siteAgent)}, events: []string{EventNote, evCommand}},
+			state: store.MachinePXEBooting, step: StepBootdev, cmds: []string{cmd(bootdev, siteAgent)}, events: []string{protocol.MachineEventNote, evCommand}},
 		{name: "bootdev/unsent with a site agent is sent", from: atBootdevUnsent, event: nothing,
 			state: store.MachinePXEBooting, step: StepBootdev, cmds: []string{cmd(bootdev, siteAgent)}, events: []string{evCommand},
 			check: func(t *testing.T, w *world, d store.Deployment) {
@@ -384,7 +384,7 @@ func transitions() []transition {
 				want(t, "bootdev params", p, protocol.BMCBootdevParams{Machine: machineID, Device: protocol.BootDevicePXE, EFI: true})
 			}},
 		{name: "bootdev/no site agent connected waits for one", from: atBootdevUnsent, event: func(w *world) { w.disconnect(siteAgent) },
-			state: store.MachinePXEBooting, step: StepBootdev, events: []string{EventNote},
+			state: store.MachinePXEBooting, step: StepBootdev, events: []string{protocol.MachineEventNote},
 			check: func(t *testing.T, w *world, d store.Deployment) {
 				want(t, "deadline", d.Deadline, w.now.Add(tmo.BMC))
 				want(t, "command", d.CommandID, "")
@@ -392,7 +392,7 @@ func transitions() []transition {
 		{name: "bootdev/a site agent of another site does not count", from: atBootdevUnsent, event: func(w *world) {
 			w.disconnect(siteAgent)
 			w.s.nodes["n_site_other"] = store.Node{ID: "n_site_other", Role: protocol.RoleSite, Site: "other", SessionID: 9}
-		}, state: store.MachinePXEBooting, step: StepBootdev, events: []string{EventNote}},
+		}, state: store.MachinePXEBooting, step: StepBootdev, events: []string{protocol.MachineEventNote}},
 		{name: "bootdev/a site agent connects within the wait", from: atBootdevWaitingForAgent,
 			event: then(after(tmo.BMC-time.Second), func(w *world) { w.connect(siteAgent, 2, "") }),
 			state: store.MachinePXEBooting, step: StepBootdev, cmds: []string{cmd(bootdev, siteAgent)}, events: []string{evCommand}},
@@ -404,7 +404,7 @@ func transitions() []transition {
 
 		// pxe-booting / power
 		{name: "power/SUCCEEDED waits for the ramdisk", from: atPower, event: cmdStatus(bmcCmd, protocol.StateSucceeded, ""),
-			state: store.MachinePXEBooting, step: StepWaitJoin, events: []string{EventNote},
+			state: store.MachinePXEBooting, step: StepWaitJoin, events: []string{protocol.MachineEventNote},
 			check: func(t *testing.T, w *world, d store.Deployment) {
 				want(t, "boot attempts", d.BootAttempts, 1)
 				want(t, "bmc attempts", d.BMCAttempts, 0)
@@ -412,15 +412,15 @@ func transitions() []transition {
 				want(t, "command", d.CommandID, "")
 			}},
 		{name: "power/FAILED with a retry left sends it again", from: atPower, event: cmdStatus(bmcCmd, protocol.StateFailed, ""),
-			state: store.MachinePXEBooting, step: StepPower, cmds: []string{cmd(power, siteAgent)}, events: []string{EventNote, evCommand}},
+			state: store.MachinePXEBooting, step: StepPower, cmds: []string{cmd(power, siteAgent)}, events: []string{protocol.MachineEventNote, evCommand}},
 		{name: "power/FAILED with no retry left fails", from: then(atPower, func(w *world) { w.editDep(func(d *store.Deployment) { d.BMCAttempts = 2 }) }),
 			event: cmdStatus(bmcCmd, protocol.StateFailed, "IPMIError"), state: store.MachineFailed, step: StepDone, events: []string{evState},
 			reason: "bmc.power cycle FAILED: IPMIError", check: outcome(OutcomeFailed)},
 		{name: "power/no answer past the deadline sends it again", from: atPower, event: after(tmo.BMC),
-			state: store.MachinePXEBooting, step: StepPower, cmds: []string{cmd(power, siteAgent)}, events: []string{EventNote, evCommand}},
+			state: store.MachinePXEBooting, step: StepPower, cmds: []string{cmd(power, siteAgent)}, events: []string{protocol.MachineEventNote, evCommand}},
 		{name: "power/a retry finds no site agent: waits for one", from: atPower,
 			event: then(cmdStatus(bmcCmd, protocol.StateFailed, ""), func(w *world) { w.disconnect(siteAgent) }),
-			state: store.MachinePXEBooting, step: StepPower, events: []string{EventNote, EventNote},
+			state: store.MachinePXEBooting, step: StepPower, events: []string{protocol.MachineEventNote, protocol.MachineEventNote},
 			check: func(t *testing.T, w *world, d store.Deployment) {
 				want(t, "command", d.CommandID, "")
 				want(t, "deadline", d.Deadline, w.now.Add(tmo.BMC))
@@ -485,16 +485,16 @@ func transitions() []transition {
 				want(t, "deadline", d.Deadline, w.now.Add(tmo.Deploy))
 			}},
 		{name: "inventory/FAILED deploys all the same", from: atInventory, event: cmdStatus(invCmd, protocol.StateFailed, "NoLshw"),
-			state: store.MachineDeploying, step: StepDeploy, cmds: []string{cmd(deploy, ramdiskID)}, events: []string{evState, EventNote, evCommand}},
+			state: store.MachineDeploying, step: StepDeploy, cmds: []string{cmd(deploy, ramdiskID)}, events: []string{evState, protocol.MachineEventNote, evCommand}},
 		{name: "inventory/pending within its timeout waits", from: atInventory, event: after(tmo.Inventory - time.Second),
 			state: store.MachineRamdisk, step: StepInventory, noWrite: true},
 		{name: "inventory/not within its timeout deploys without it", from: atInventory, event: after(tmo.Inventory),
-			state: store.MachineDeploying, step: StepDeploy, cmds: []string{cmd(deploy, ramdiskID)}, events: []string{evState, EventNote, evCommand}},
+			state: store.MachineDeploying, step: StepDeploy, cmds: []string{cmd(deploy, ramdiskID)}, events: []string{evState, protocol.MachineEventNote, evCommand}},
 		{name: "inventory/ramdisk session lost starts the grace", from: atInventory, event: func(w *world) { w.disconnect(ramdiskID) },
-			state: store.MachineRamdisk, step: StepInventory, events: []string{EventNote},
+			state: store.MachineRamdisk, step: StepInventory, events: []string{protocol.MachineEventNote},
 			check: func(t *testing.T, w *world, d store.Deployment) { want(t, "lost at", d.LostAt, w.now) }},
 		{name: "inventory/ramdisk back within grace", from: atInventoryLost, event: func(w *world) { w.connect(ramdiskID, 6, "b") },
-			state: store.MachineRamdisk, step: StepInventory, events: []string{EventNote},
+			state: store.MachineRamdisk, step: StepInventory, events: []string{protocol.MachineEventNote},
 			check: func(t *testing.T, w *world, d store.Deployment) { want(t, "lost at", d.LostAt, time.Time{}) }},
 		{name: "inventory/ramdisk still lost within grace waits", from: atInventoryLost, event: after(tmo.Grace - 31*time.Second),
 			state: store.MachineRamdisk, step: StepInventory, noWrite: true},
@@ -511,7 +511,7 @@ func transitions() []transition {
 
 		// deploying / deploy
 		{name: "deploy/SUCCEEDED (kexec) installs", from: atDeploy, event: cmdStatus(deployCmd, protocol.StateSucceeded, ""),
-			state: store.MachineInstalling, step: StepWaitNode, events: []string{evState, EventDeployDone},
+			state: store.MachineInstalling, step: StepWaitNode, events: []string{evState, protocol.MachineEventDeployDone},
 			check: func(t *testing.T, w *world, d store.Deployment) {
 				want(t, "deadline", d.Deadline, w.now.Add(tmo.Install))
 				want(t, "boot mode", w.machine().BootMode, protocol.BootRamdisk)
@@ -519,13 +519,13 @@ func transitions() []transition {
 				want(t, "token revoked", w.s.tokens[tokenID].RevokedAt, time.Time{})
 			}},
 		{name: "deploy/SUCCEEDED (reboot) sets the boot entry local", from: atDeployReboot, event: cmdStatus(deployCmd, protocol.StateSucceeded, ""),
-			state: store.MachineInstalling, step: StepWaitNode, events: []string{evState, EventDeployDone},
+			state: store.MachineInstalling, step: StepWaitNode, events: []string{evState, protocol.MachineEventDeployDone},
 			check: func(t *testing.T, w *world, d store.Deployment) {
 				want(t, "boot mode", w.machine().BootMode, protocol.BootLocal)
 			}},
 		{name: "deploy/SUCCEEDED then the session closed (kexec) is not a lost ramdisk", from: atDeploy,
 			event: then(cmdStatus(deployCmd, protocol.StateSucceeded, ""), func(w *world) { w.disconnect(ramdiskID) }),
-			state: store.MachineInstalling, step: StepWaitNode, events: []string{evState, EventDeployDone}},
+			state: store.MachineInstalling, step: StepWaitNode, events: []string{evState, protocol.MachineEventDeployDone}},
 		{name: "deploy/running within its timeout waits", from: atDeploy, event: after(tmo.Deploy - time.Second),
 			state: store.MachineDeploying, step: StepDeploy, noWrite: true},
 		{name: "deploy/FAILED with a retry left sends it again", from: atDeploy, event: cmdStatus(deployCmd, protocol.StateFailed, "WriteFailed"),
@@ -567,10 +567,10 @@ func transitions() []transition {
 				revoked(t, w, tokenID)
 			}},
 		{name: "deploy/ramdisk session lost starts the grace", from: atDeploy, event: func(w *world) { w.disconnect(ramdiskID) },
-			state: store.MachineDeploying, step: StepDeploy, events: []string{EventNote},
+			state: store.MachineDeploying, step: StepDeploy, events: []string{protocol.MachineEventNote},
 			check: func(t *testing.T, w *world, d store.Deployment) { want(t, "lost at", d.LostAt, w.now) }},
 		{name: "deploy/ramdisk back within grace", from: atDeployLost, event: func(w *world) { w.connect(ramdiskID, 6, "b") },
-			state: store.MachineDeploying, step: StepDeploy, events: []string{EventNote},
+			state: store.MachineDeploying, step: StepDeploy, events: []string{protocol.MachineEventNote},
 			check: func(t *testing.T, w *world, d store.Deployment) { want(t, "lost at", d.LostAt, time.Time{}) }},
 		{name: "deploy/ramdisk lost past grace power-cycles again", from: atDeployLost, event: after(tmo.Grace - 30*time.Second),
 			state: store.MachinePXEBooting, step: StepBootdev, events: []string{evState},
@@ -585,7 +585,7 @@ func transitions() []transition {
 
 		// installing / wait-node
 		{name: "install/the node joined and is ready: provisioned", from: atInstall, event: func(w *world) { w.bindNode(nodeID, protocol.NodeReady, 7, "b1") },
-			state: store.MachineProvisioned, step: StepDone, events: []string{evState, EventNodeReady}, reason: "node n_inst ready",
+			state: store.MachineProvisioned, step: StepDone, events: []string{evState, protocol.MachineEventNodeReady}, reason: "node n_inst ready",
 			check: func(t *testing.T, w *world, d store.Deployment) {
 				outcome(OutcomeProvisioned)(t, w, d)
 				adopted(t, w, "", nodeID)
@@ -616,22 +616,22 @@ func transitions() []transition {
 		{name: "provisioned/nothing changed", from: atProvisioned, event: after(time.Hour),
 			state: store.MachineProvisioned, step: StepDone, noWrite: true},
 		{name: "provisioned/node lost its session", from: atProvisioned, event: func(w *world) { w.disconnect(nodeID) },
-			state: store.MachineProvisioned, step: StepDone, events: []string{EventNodeOffline},
+			state: store.MachineProvisioned, step: StepDone, events: []string{protocol.MachineEventNodeOffline},
 			check: func(t *testing.T, w *world, d store.Deployment) { want(t, "node session", d.NodeSession, int64(0)) }},
 		{name: "provisioned/node back with the same boot id", from: atProvisionedOffline, event: func(w *world) { w.connect(nodeID, 8, "b1") },
-			state: store.MachineProvisioned, step: StepDone, events: []string{EventNodeBack},
+			state: store.MachineProvisioned, step: StepDone, events: []string{protocol.MachineEventNodeBack},
 			check: func(t *testing.T, w *world, d store.Deployment) {
 				nodeBack(t, w, false, "b1")
 				want(t, "node session", d.NodeSession, int64(8))
 			}},
 		{name: "provisioned/node back with another boot id: a reboot", from: atProvisionedOffline, event: func(w *world) { w.connect(nodeID, 8, "b2") },
-			state: store.MachineProvisioned, step: StepDone, events: []string{EventNodeBack},
+			state: store.MachineProvisioned, step: StepDone, events: []string{protocol.MachineEventNodeBack},
 			check: func(t *testing.T, w *world, d store.Deployment) {
 				nodeBack(t, w, true, "b2")
 				want(t, "node boot", d.NodeBootID, "b2")
 			}},
 		{name: "provisioned/a new session without the closed one seen", from: atProvisioned, event: func(w *world) { w.connect(nodeID, 8, "b2") },
-			state: store.MachineProvisioned, step: StepDone, events: []string{EventNodeBack},
+			state: store.MachineProvisioned, step: StepDone, events: []string{protocol.MachineEventNodeBack},
 			check: func(t *testing.T, w *world, d store.Deployment) { nodeBack(t, w, true, "b2") }},
 		{name: "provisioned/still offline writes nothing more", from: atProvisionedOffline, event: after(time.Hour),
 			state: store.MachineProvisioned, step: StepDone, noWrite: true},
@@ -1341,7 +1341,7 @@ func (s *fakeStore) apply(m *store.Machine, deploymentID string, ch store.Deploy
 		if ch.Reason != "" {
 			msg += ": " + ch.Reason
 		}
-		events = append(events, store.MachineEvent{MachineID: m.ID, Time: ch.At, Kind: store.MachineEventState, Message: msg,
+		events = append(events, store.MachineEvent{MachineID: m.ID, Time: ch.At, Kind: protocol.MachineEventState, Message: msg,
 			Data: []byte(fmt.Sprintf(`{"from":%q,"to":%q,"deployment":%q}`, m.State, ch.State, deploymentID))})
 		m.State, m.StateReason, m.StateChangedAt, m.UpdatedAt = ch.State, ch.Reason, ch.At, ch.At
 	}
@@ -1375,7 +1375,7 @@ func (s *fakeStore) apply(m *store.Machine, deploymentID string, ch store.Deploy
 		}
 		cmds = append(cmds, c.ID)
 		if c.MachineID != "" {
-			events = append(events, store.MachineEvent{MachineID: c.MachineID, Time: c.CreatedAt, Kind: store.MachineEventCommand,
+			events = append(events, store.MachineEvent{MachineID: c.MachineID, Time: c.CreatedAt, Kind: protocol.MachineEventCommand,
 				Message: c.Kind + " for node " + c.NodeID, NodeID: c.NodeID, CommandID: c.ID})
 		}
 	}

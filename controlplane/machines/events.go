@@ -20,12 +20,6 @@ import (
 // plane's before a nonce's expiry counts as too far ahead.
 const MaxClockSkew = time.Minute
 
-// Machine event kinds written from site agents' events.
-const (
-	EventKindBooted = protocol.EventMachineBooted
-	EventKindNonce  = protocol.EventBootNonce
-)
-
 // EventStore is what Events writes.
 type EventStore interface {
 	RecordBoot(ctx context.Context, site, mac, stage string, ev store.MachineEvent) (string, error)
@@ -98,7 +92,7 @@ func (e *Events) booted(ctx context.Context, node store.Node, ev protocol.Event)
 		msg += " to " + human.Short(b.IP)
 	}
 	msg += " (" + mac + ")"
-	id, err := e.Store.RecordBoot(ctx, node.Site, mac, b.Stage, store.MachineEvent{Time: at, Kind: EventKindBooted,
+	id, err := e.Store.RecordBoot(ctx, node.Site, mac, b.Stage, store.MachineEvent{Time: at, Kind: protocol.EventMachineBooted,
 		Message: msg, NodeID: node.ID, Data: ev.Data})
 	if errors.Is(err, store.ErrNotFound) {
 		e.log().Debug("machine.booted for a MAC that is no machine of the site", "node", node.ID, "site", node.Site, "mac", mac)
@@ -174,7 +168,7 @@ func (e *Events) nonce(ctx context.Context, node store.Node, ev protocol.Event) 
 		return ev, err
 	}
 	data, _ := json.Marshal(map[string]any{"mac": mac, "expires_at": stored.ExpiresAt})
-	return ev, e.Store.AddMachineEvent(ctx, store.MachineEvent{MachineID: machine, Time: now, Kind: EventKindNonce,
+	return ev, e.Store.AddMachineEvent(ctx, store.MachineEvent{MachineID: machine, Time: now, Kind: protocol.EventBootNonce,
 		Message: fmt.Sprintf("boot nonce minted for %s, valid until %s", mac, stored.ExpiresAt.Format(time.RFC3339)),
 		NodeID:  node.ID, Data: data})
 }

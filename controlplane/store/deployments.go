@@ -97,7 +97,7 @@ func (d Deployment) Finished() bool { return !d.FinishedAt.IsZero() }
 // without the deployment knowing it, nor a state entered without its event.
 type DeploymentChange struct {
 	// State, when set, moves the machine to it with Reason, and puts a
-	// MachineEventState on its timeline (even for the state it is in: a
+	// protocol.MachineEventState on its timeline (even for the state it is in: a
 	// retry is a transition too).
 	State, Reason string
 	// BootMode, when set, is the machine's new boot mode; a change moves the

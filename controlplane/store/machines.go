@@ -159,18 +159,8 @@ type MachineBMC struct {
 	CipherSuite int    `json:"cipher_suite,omitempty"`
 }
 
-// Kinds of machine events the store writes itself; the rest come from the
-// callers (api, gateway, JoinService).
-const (
-	MachineEventCommand       = "command"        // a command about the machine was enqueued
-	MachineEventCommandStatus = "command.status" // an agent reported on it
-	MachineEventJoin          = "join"           // a node joined for the machine
-	// MachineEventState is a lifecycle transition: the machine's new state
-	// and why (data: from, to, reason, deployment).
-	MachineEventState = "state"
-)
-
-// MachineEvent is one entry of a machine's timeline.
+// MachineEvent is one entry of a machine's timeline. Its Kind is one of the
+// kinds listed in protocol (machineevents.go).
 type MachineEvent struct {
 	ID        int64           `json:"id"`
 	MachineID string          `json:"machine_id"`

@@ -58,7 +58,7 @@ func insertCommand(ctx context.Context, tx *sql.Tx, c store.Command) error {
 	}
 	// The params stay off the timeline: a deploy's carry a join token.
 	data, _ := json.Marshal(map[string]string{"kind": c.Kind, "node": c.NodeID})
-	return addMachineEvent(ctx, tx, store.MachineEvent{MachineID: c.MachineID, Time: c.CreatedAt, Kind: store.MachineEventCommand,
+	return addMachineEvent(ctx, tx, store.MachineEvent{MachineID: c.MachineID, Time: c.CreatedAt, Kind: protocol.MachineEventCommand,
 		Message: c.Kind + " for node " + c.NodeID, NodeID: c.NodeID, CommandID: c.ID, Data: data})
 }
 
@@ -168,7 +168,7 @@ func (s *sqliteStore) ApplyStatus(ctx context.Context, u store.StatusUpdate) (bo
 		if u.Message != "" {
 			msg += ": " + u.Message
 		}
-		return addMachineEvent(ctx, tx, store.MachineEvent{MachineID: machine, Time: u.At, Kind: store.MachineEventCommandStatus,
+		return addMachineEvent(ctx, tx, store.MachineEvent{MachineID: machine, Time: u.At, Kind: protocol.MachineEventCommandStatus,
 			Message: msg, NodeID: u.NodeID, CommandID: u.CommandID, Data: data})
 	})
 	return applied, wrap("apply status", err)

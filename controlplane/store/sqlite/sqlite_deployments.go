@@ -8,6 +8,7 @@ import (
 	"fmt"
 
 	"github.com/better-compute/bcd/controlplane/store"
+	"github.com/better-compute/bcd/protocol"
 )
 
 const deploymentColumns = `id, machine_id, spec, step, deadline, boot_attempts, deploy_attempts, deploy_failures, bmc_attempts, command_id,
@@ -170,7 +171,7 @@ func applyChange(ctx context.Context, tx *sql.Tx, machineID, deploymentID string
 		if ch.Reason != "" {
 			msg += ": " + ch.Reason
 		}
-		if err := addMachineEvent(ctx, tx, store.MachineEvent{MachineID: machineID, Time: ch.At, Kind: store.MachineEventState, Message: msg, Data: data}); err != nil {
+		if err := addMachineEvent(ctx, tx, store.MachineEvent{MachineID: machineID, Time: ch.At, Kind: protocol.MachineEventState, Message: msg, Data: data}); err != nil {
 			return err
 		}
 	}

@@ -446,7 +446,7 @@ func bindMachine(ctx context.Context, tx *sql.Tx, a store.Admission) error {
 	var ramdisk, installed string
 	err := tx.QueryRowContext(ctx, `SELECT bound_ramdisk, bound_node FROM machines WHERE id = ?`, a.Machine).Scan(&ramdisk, &installed)
 	switch {
-	case errors.Is(err, sql.ErrNoRows) && n.Role == "ramdisk":
+	case errors.Is(err, sql.ErrNoRows) && n.Role == protocol.RoleRamdisk:
 		return fmt.Errorf("machine %s: %w", a.Machine, store.ErrNoMachine)
 	case errors.Is(err, sql.ErrNoRows):
 		return nil
@@ -454,7 +454,7 @@ func bindMachine(ctx context.Context, tx *sql.Tx, a store.Admission) error {
 		return err
 	}
 	what := "ramdisk"
-	if n.Role == "ramdisk" {
+	if n.Role == protocol.RoleRamdisk {
 		set, args := `bound_ramdisk = ?, bind_seq = bind_seq + 1`, []any{n.ID}
 		if len(a.Inventory) > 0 {
 			set += `, inventory = ?, inventory_at = ?`
@@ -482,6 +482,6 @@ func bindMachine(ctx context.Context, tx *sql.Tx, a store.Admission) error {
 			}
 		}
 	}
-	return addMachineEvent(ctx, tx, store.MachineEvent{MachineID: a.Machine, Time: a.Now, Kind: store.MachineEventJoin,
+	return addMachineEvent(ctx, tx, store.MachineEvent{MachineID: a.Machine, Time: a.Now, Kind: protocol.MachineEventJoin,
 		Message: "the " + what + " joined as node " + n.ID, NodeID: n.ID})
 }

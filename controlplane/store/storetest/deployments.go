@@ -53,7 +53,7 @@ func testDeployments(t *testing.T, s store.Store) {
 	next.Step, next.CommandID, next.TokenID, next.NodeID, next.DeployAttempts = "deploy", cmd.ID, tok.ID, "n_os", 1
 	next.Deadline = now.Add(time.Minute)
 	next, err = s.AdvanceDeployment(ctx, next, store.DeploymentChange{State: store.MachineDeploying, Reason: "deploy.image", Tokens: []store.Token{tok},
-		Commands: []store.Command{cmd}, Events: []store.MachineEvent{{Kind: "lifecycle", Message: "note"}}, At: now})
+		Commands: []store.Command{cmd}, Events: []store.MachineEvent{{Kind: protocol.MachineEventNote, Message: "note"}}, At: now})
 	if err != nil {
 		t.Fatal(err)
 	}

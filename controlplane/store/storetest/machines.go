@@ -90,7 +90,7 @@ func testMachines(t *testing.T, s store.Store) {
 
 	before := rev("fsn1")
 	local := protocol.BootLocal
-	got, err = s.UpdateMachine(ctx, m.ID, store.MachineUpdate{BootOverride: &local, At: time.Now(), Event: store.MachineEvent{Kind: "machine.boot_mode", Message: "local"}})
+	got, err = s.UpdateMachine(ctx, m.ID, store.MachineUpdate{BootOverride: &local, At: time.Now(), Event: store.MachineEvent{Kind: protocol.MachineEventBootMode, Message: "local"}})
 	if err != nil || got.BootOverride != local || got.EffectiveBootMode() != local || rev("fsn1") != before+1 {
 		t.Errorf("boot mode: %+v %v, revision %d", got, err, rev("fsn1"))
 	}
@@ -105,20 +105,20 @@ func testMachines(t *testing.T, s store.Store) {
 	}
 
 	at := time.Now()
-	if id, err := s.RecordBoot(ctx, "fsn1", "52:54:00:00:00:01", "script", store.MachineEvent{Time: at, Kind: "machine.booted"}); err != nil || id != m.ID {
+	if id, err := s.RecordBoot(ctx, "fsn1", "52:54:00:00:00:01", "script", store.MachineEvent{Time: at, Kind: protocol.EventMachineBooted}); err != nil || id != m.ID {
 		t.Errorf("record boot: %s %v", id, err)
 	}
 	// An older step replayed late does not move the last boot back.
-	s.RecordBoot(ctx, "fsn1", "52:54:00:00:00:01", "dhcp", store.MachineEvent{Time: at.Add(-time.Minute), Kind: "machine.booted"})
+	s.RecordBoot(ctx, "fsn1", "52:54:00:00:00:01", "dhcp", store.MachineEvent{Time: at.Add(-time.Minute), Kind: protocol.EventMachineBooted})
 	if got, _ := s.GetMachine(ctx, m.ID); got.LastBootStage != "script" || got.LastBootAt.UnixMilli() != at.UnixMilli() {
 		t.Errorf("last boot %s at %v", got.LastBootStage, got.LastBootAt)
 	}
-	if _, err := s.RecordBoot(ctx, "ams1", "52:54:00:00:00:01", "dhcp", store.MachineEvent{Time: at, Kind: "machine.booted"}); !errors.Is(err, store.ErrNotFound) {
+	if _, err := s.RecordBoot(ctx, "ams1", "52:54:00:00:00:01", "dhcp", store.MachineEvent{Time: at, Kind: protocol.EventMachineBooted}); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("boot reported by another site: %v", err)
 	}
 	evs, err := s.MachineEvents(ctx, m.ID, 0)
 	// Changes without an event (approve, clear BMC above) leave none.
-	if err != nil || len(evs) != 4 || evs[0].Kind != "machine.added" || evs[1].Kind != "machine.boot_mode" || evs[3].Kind != "machine.booted" {
+	if err != nil || len(evs) != 4 || evs[0].Kind != protocol.MachineEventAdded || evs[1].Kind != protocol.MachineEventBootMode || evs[3].Kind != protocol.EventMachineBooted {
 		t.Fatalf("timeline %+v %v", evs, err)
 	}
 	if last, _ := s.MachineEvents(ctx, m.ID, 2); len(last) != 2 || last[1].ID != evs[3].ID {

@@ -11,6 +11,7 @@ import (
 	"github.com/better-compute/bcd/controlplane/ids"
 	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/controlplane/token"
+	"github.com/better-compute/bcd/protocol"
 )
 
 func newToken(t *testing.T, s store.Store, mut func(*store.Token)) (store.Token, string) {
@@ -276,7 +277,7 @@ func testSessionsAndCommands(t *testing.T, s store.Store) {
 	if open, _ := s.OpenCommands(ctx, "n_a"); len(open) != 0 {
 		t.Errorf("a finished command is still open: %+v", open)
 	}
-	if err := s.AddEvent(ctx, store.Event{NodeID: "n_a", Seq: 3, Kind: "log", Time: now, Message: "hi", ReceivedAt: now}); err != nil {
+	if err := s.AddEvent(ctx, store.Event{NodeID: "n_a", Seq: 3, Kind: protocol.EventLog, Time: now, Message: "hi", ReceivedAt: now}); err != nil {
 		t.Fatal(err)
 	}
 }

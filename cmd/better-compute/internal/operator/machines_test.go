@@ -230,7 +230,7 @@ func TestMachinesCLI(t *testing.T) {
 	}
 
 	code, out, _ = runCLI(t, "", "machines", "events", "r1u1")
-	if code != 0 || strings.Count(out, "bmc.power") < 3 || !strings.Contains(out, "command.status") || !strings.Contains(out, "machine.boot_mode") {
+	if code != 0 || strings.Count(out, "bmc.power") < 3 || !strings.Contains(out, protocol.MachineEventCommandStatus) || !strings.Contains(out, protocol.MachineEventBootMode) {
 		t.Errorf("machines events: %d\n%s", code, out)
 	}
 
@@ -254,7 +254,7 @@ func TestMachinesCLI(t *testing.T) {
 	}
 	var states []string
 	for _, e := range evs.Events {
-		if e.Kind == "state" {
+		if e.Kind == protocol.MachineEventState {
 			states = append(states, e.Message)
 		}
 	}
