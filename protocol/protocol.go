@@ -55,12 +55,14 @@ type JoinRequest struct {
 	Attestor        string `json:"attestor"`
 	// SealedToken is a compact JWE (ECDH-ES+A256KW, A256GCM) to the join encryption
 	// key whose plaintext is a SealedToken bound to this CSR.
-	SealedToken   string `json:"sealed_token,omitempty"`
-	Claims        Claims `json:"claims"`
-	NodeID        string `json:"node_id,omitempty"`    // provisioned: the node the deploy minted the token for
-	BootNonce     string `json:"boot_nonce,omitempty"` // discovery
-	Site          string `json:"site,omitempty"`       // from config.toml; a token for another site is refused
-	DaemonVersion string `json:"daemon_version,omitempty"`
+	SealedToken string `json:"sealed_token,omitempty"`
+	// TPM is the tpm attestor's evidence (see TPMAttestation).
+	TPM           *TPMAttestation `json:"tpm,omitempty"`
+	Claims        Claims          `json:"claims"`
+	NodeID        string          `json:"node_id,omitempty"`    // provisioned: the node the deploy minted the token for
+	BootNonce     string          `json:"boot_nonce,omitempty"` // discovery
+	Site          string          `json:"site,omitempty"`       // from config.toml; a token for another site is refused
+	DaemonVersion string          `json:"daemon_version,omitempty"`
 }
 
 // SealedToken is the plaintext inside JoinRequest.SealedToken. Binding the token to the
@@ -114,6 +116,9 @@ type JoinResponse struct {
 	// uses it only when its SPKI pin equals join_signing_key_pin.
 	SigningKey  string `json:"signing_key,omitempty"`
 	RetryAfterS int    `json:"retry_after_s,omitempty"`
+	// TPMChallenge is the tpm attestor's round one answer: recover its
+	// secret with the TPM and join again with it.
+	TPMChallenge *TPMChallenge `json:"tpm_challenge,omitempty"`
 }
 
 // PurposeJoinResponse is the JWS purpose of JoinResponse.Signed.
@@ -163,6 +168,9 @@ const (
 	CodeInternal          = "INTERNAL"
 	// CodeAlreadyExists refuses creating what exists (a site of that name).
 	CodeAlreadyExists = "ALREADY_EXISTS"
+	// CodeAttestorNotAllowed refuses a join into a pool whose policy
+	// (joinAttestors) does not list the join's attestor.
+	CodeAttestorNotAllowed = "ATTESTOR_NOT_ALLOWED"
 	// CodeMachineBusy refuses a change to a machine that runs a deployment
 	// (its spec, a manual BMC command, a delete): cancel the deployment
 	// first.
