@@ -26,6 +26,7 @@ const (
 	MachineEventBMC      = "machine.bmc"       // the BMC was set or removed
 	MachineEventFirmware = "machine.firmware"  // the firmware changed
 	MachineEventApproved = "machine.approved"  // the operator approved its ramdisk's join
+	MachineEventTPM      = "machine.tpm"       // its TPM endorsement key was enrolled or revoked
 )
 
 // Kinds of the entries of a machine's timeline that the store writes itself,
@@ -39,8 +40,8 @@ const (
 	MachineEventState = "state"
 )
 
-// Kinds of the entries of a machine's timeline that the discovery attestor
-// writes when a ramdisk's join matches the machine but is not admitted.
+// Kinds of the entries of a machine's timeline that the discovery and tpm
+// attestors write when a join matches the machine but is not admitted.
 const (
 	MachineEventJoinRefused  = "join.refused"  // refused: its boot nonce was used or expired, or MAC or site disagree
 	MachineEventJoinDeferred = "join.deferred" // waits for the operator's approval (MachineEventApproved)

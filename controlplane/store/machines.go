@@ -88,6 +88,11 @@ type MachineSpec struct {
 	// runs; a deployment clears it (the deploy hands the boot mode to the
 	// lifecycle).
 	BootOverride string `json:"boot_override,omitempty"`
+	// TPMEKSHA256 is the SHA-256 of its TPM's endorsement key when one is
+	// enrolled (its TPMEnrollment), with TPMPool the pool its tpm join
+	// enters ("": the default pool).
+	TPMEKSHA256 string `json:"tpm_ek_sha256,omitempty"`
+	TPMPool     string `json:"tpm_pool,omitempty"`
 }
 
 // MachineStatus is what the lifecycle decided.
@@ -183,6 +188,11 @@ type MachineUpdate struct {
 	// SetBMC replaces the BMC with BMC (nil removes it).
 	SetBMC  bool
 	BMC     *MachineBMC
+	// SetTPM replaces the machine's TPM enrollment with TPM (nil removes
+	// it); TPM.MachineID and TPM.Site are the machine's. An EK another
+	// machine or an allow-list entry holds is *EKConflictError.
+	SetTPM  bool
+	TPM     *TPMEnrollment
 	Approve bool
 	// IfIdle refuses the change with a *BusyError when the machine's
 	// deployment has not finished, checked in the transaction that writes

@@ -201,7 +201,12 @@ type Admission struct {
 	// Retire, when set, is a node the join replaces (the machine's previous
 	// ramdisk): it is deleted in the same transaction.
 	Retire string
-	Now    time.Time
+	// TPMEnrollment, when set, becomes the enrollment of its machine in the
+	// same transaction: the EK a tpm join proved for a machine the
+	// operator approved (ErrEKEnrolled, wrapped, when it is held
+	// elsewhere meanwhile).
+	TPMEnrollment *TPMEnrollment
+	Now           time.Time
 }
 
 // Sites holds the sites.
@@ -299,5 +304,7 @@ type Store interface {
 	Machines
 	BootNonces
 	Deployments
+	TPMEnrollments
+	PoolPolicies
 	Close() error
 }

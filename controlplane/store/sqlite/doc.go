@@ -58,9 +58,14 @@
 //	                machine_id, created_at, expires_at, csr_sha256 and
 //	                deferred_at (the join waiting for approval), used_at,
 //	                used_by
+//	tpm_enrollments ek_sha256 PK (hex SHA-256 of the EK's PKIX DER), site,
+//	                pool ('' for the default), machine_id ('' for an
+//	                allow-list entry; unique otherwise), created_at
+//	pool_policies   pool PK, join_attestors (comma-separated), updated_at
 //
 // Migrations are numbered by PRAGMA user_version (1: the first schema, 2:
-// machines, 3: the machine lifecycle, 4: a machine's record split by owner)
+// machines, 3: the machine lifecycle, 4: a machine's record split by owner,
+// 5: TPM enrollments and pool policies)
 // and run in one transaction at open; a
 // database newer than the build is refused.
 //

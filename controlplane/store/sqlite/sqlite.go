@@ -21,7 +21,7 @@ const DBFile = "better-compute.db"
 // migrations bring a database from PRAGMA user_version i to i+1; a new
 // database runs them all. Each is append-only: a released migration is
 // never edited.
-var migrations = []string{schemaV1, schemaV2, schemaV3, schemaV4}
+var migrations = []string{schemaV1, schemaV2, schemaV3, schemaV4, schemaV5}
 
 // schemaVersion is PRAGMA user_version of a database this build has migrated.
 var schemaVersion = len(migrations)
@@ -238,6 +238,25 @@ CREATE TABLE deployments (
 );
 CREATE INDEX deployments_machine ON deployments(machine_id, created_at);
 CREATE INDEX deployments_open ON deployments(created_at) WHERE finished_at IS NULL;
+`
+
+// schemaV5 adds TPM enrollments (an endorsement key's SHA-256 that may join
+// a site and pool, a machine's own or an allow-list entry; one per machine)
+// and the pools' policies (the attestors a join into the pool may use).
+const schemaV5 = `
+CREATE TABLE tpm_enrollments (
+	ek_sha256  TEXT PRIMARY KEY,
+	site       TEXT NOT NULL REFERENCES sites(name),
+	pool       TEXT NOT NULL DEFAULT '',
+	machine_id TEXT NOT NULL DEFAULT '',
+	created_at INTEGER NOT NULL
+);
+CREATE UNIQUE INDEX tpm_enrollments_machine ON tpm_enrollments(machine_id) WHERE machine_id != '';
+CREATE TABLE pool_policies (
+	pool           TEXT PRIMARY KEY,
+	join_attestors TEXT NOT NULL,
+	updated_at     INTEGER NOT NULL
+);
 `
 
 // sqliteStore is the SQLite Store.

@@ -16,7 +16,9 @@ import (
 const machineColumns = `id, name, site, boot_mode, bmc_address, bmc_port, bmc_username, bmc_password, bmc_cipher_suite,
 	state, state_reason, state_changed_at, ramdisk_node, node, inventory, inventory_at, approved, last_boot_stage,
 	last_boot_at, created_at, updated_at, firmware, deployment, boot_override, bound_ramdisk, bound_node, bind_seq, bind_applied,
-	(SELECT group_concat(mac, ',' ORDER BY rowid) FROM machine_macs WHERE machine_id = machines.id)`
+	(SELECT group_concat(mac, ',' ORDER BY rowid) FROM machine_macs WHERE machine_id = machines.id),
+	coalesce((SELECT ek_sha256 FROM tpm_enrollments WHERE machine_id = machines.id), ''),
+	coalesce((SELECT pool FROM tpm_enrollments WHERE machine_id = machines.id), '')`
 
 func scanMachine(sc interface{ Scan(...any) error }) (store.Machine, error) {
 	var m store.Machine
@@ -26,7 +28,7 @@ func scanMachine(sc interface{ Scan(...any) error }) (store.Machine, error) {
 	if err := sc.Scan(&m.ID, &name, &m.Site, &m.BootMode, &bmc.Address, &bmc.Port, &bmc.Username, &bmc.Password, &bmc.CipherSuite,
 		&m.State, &m.StateReason, &stateChanged, &m.RamdiskNode, &m.Node, &inventory, &inventoryAt, &m.Approved,
 		&m.LastBootStage, &lastBoot, &created, &updated, &m.Firmware, &m.Deployment, &m.BootOverride, &m.BoundRamdisk, &m.BoundNode,
-		&m.BindSeq, &m.BindApplied, &macs); err != nil {
+		&m.BindSeq, &m.BindApplied, &macs, &m.TPMEKSHA256, &m.TPMPool); err != nil {
 		return store.Machine{}, err
 	}
 	m.Name = name.String
@@ -182,6 +184,11 @@ func (s *sqliteStore) UpdateMachine(ctx context.Context, id string, u store.Mach
 			}
 			spec = true
 		}
+		if u.SetTPM {
+			if err := setMachineTPM(ctx, tx, m, u.TPM, u.At); err != nil {
+				return err
+			}
+		}
 		if u.Approve {
 			if _, err := tx.ExecContext(ctx, `UPDATE machines SET approved = 1 WHERE id = ?`, id); err != nil {
 				return err
@@ -250,6 +257,7 @@ func (s *sqliteStore) DeleteMachine(ctx context.Context, id string, ifIdle bool)
 		}
 		for _, q := range []string{
 			`DELETE FROM machine_macs WHERE machine_id = ?`,
+			`DELETE FROM tpm_enrollments WHERE machine_id = ?`,
 			`DELETE FROM machine_events WHERE machine_id = ?`,
 			`DELETE FROM deployments WHERE machine_id = ?`,
 			`DELETE FROM machines WHERE id = ?`,

@@ -74,6 +74,19 @@ func (s *sqliteStore) Admit(ctx context.Context, a store.Admission) error {
 				return err
 			}
 		}
+		if a.TPMEnrollment != nil {
+			e := *a.TPMEnrollment
+			m, err := scanMachine(tx.QueryRowContext(ctx, `SELECT `+machineColumns+` FROM machines WHERE id = ?`, e.MachineID))
+			switch {
+			case errors.Is(err, sql.ErrNoRows):
+				return fmt.Errorf("machine %s: %w", e.MachineID, store.ErrNoMachine)
+			case err != nil:
+				return err
+			}
+			if err := setMachineTPM(ctx, tx, m, &e, a.Now); err != nil {
+				return err
+			}
+		}
 		if a.Machine != "" {
 			return bindMachine(ctx, tx, a)
 		}

@@ -115,6 +115,39 @@ func TestMigrateFromVersion2(t *testing.T) {
 	}
 }
 
+// TestMigrateFromVersion4: a database of schema 4 gets TPM enrollments and
+// pool policies, its machines none of either.
+func TestMigrateFromVersion4(t *testing.T) {
+	path := filepath.Join(t.TempDir(), DBFile)
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{schemaV1, schemaV2, schemaV3, schemaV4, "PRAGMA user_version = 4",
+		`INSERT INTO sites (name, created_at) VALUES ('fsn1', 1)`,
+		`INSERT INTO machines (id, site, state, state_changed_at, created_at, updated_at) VALUES ('m_1', 'fsn1', 'registered', 1, 1, 1)`,
+	} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db.Close()
+	s, err := OpenFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if m, err := s.GetMachine(ctx, "m_1"); err != nil || m.TPMEKSHA256 != "" {
+		t.Errorf("migrated machine %+v %v", m, err)
+	}
+	if es, err := s.ListTPMEnrollments(ctx); err != nil || len(es) != 0 {
+		t.Errorf("enrollments %v %v", es, err)
+	}
+	if ps, err := s.ListPoolPolicies(ctx); err != nil || len(ps) != 0 {
+		t.Errorf("pool policies %v %v", ps, err)
+	}
+}
+
 // TestOpenRefusesNewerSchema: a database a newer build migrated is left
 // alone, not opened by a build that does not know its schema.
 func TestOpenRefusesNewerSchema(t *testing.T) {

@@ -43,6 +43,9 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"FindMachineByNodeAndRetire", testFindMachineByNodeAndRetire},
 		{"BusyMachineRefusesSpecChanges", testBusyMachineRefusesSpecChanges},
 		{"BindingsAreObservations", testBindingsAreObservations},
+		{"TPMEnrollments", testTPMEnrollments},
+		{"AdmitEnrollsTPM", testAdmitEnrollsTPM},
+		{"PoolPolicies", testPoolPolicies},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := open(t)
