@@ -186,8 +186,8 @@ type MachineUpdate struct {
 	// Firmware, when set, is FirmwareBIOS or FirmwareUEFI.
 	Firmware *string
 	// SetBMC replaces the BMC with BMC (nil removes it).
-	SetBMC  bool
-	BMC     *MachineBMC
+	SetBMC bool
+	BMC    *MachineBMC
 	// SetTPM replaces the machine's TPM enrollment with TPM (nil removes
 	// it); TPM.MachineID and TPM.Site are the machine's. An EK another
 	// machine or an allow-list entry holds is *EKConflictError.
