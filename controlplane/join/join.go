@@ -62,11 +62,20 @@ type Admission struct {
 	Inventory json.RawMessage
 	// Retire is a node the join replaces: the machine's previous ramdisk.
 	Retire string
+	// ProvenEK is the SHA-256 of the TPM endorsement key the attestor
+	// proved (tpm): it is the node's TPM EK whatever the claims say, and
+	// the join reclaims only a node of that EK.
+	ProvenEK string
+	// TPMEnrollment, when set, enrolls the proven EK for its machine with
+	// the node (a machine the operator approved).
+	TPMEnrollment *store.TPMEnrollment
 }
 
-// Verdict is an attestor's answer: Admit, or a deferral of RetryAfter.
+// Verdict is an attestor's answer: Admit, a Challenge the agent must answer
+// (the tpm attestor's first round), or a deferral of RetryAfter.
 type Verdict struct {
 	Admit      *Admission
+	Challenge  *protocol.TPMChallenge
 	RetryAfter time.Duration
 }
 
@@ -83,9 +92,11 @@ type AttestorFunc func(ctx context.Context, r *Request) (Verdict, error)
 // Attest implements Attestor.
 func (f AttestorFunc) Attest(ctx context.Context, r *Request) (Verdict, error) { return f(ctx, r) }
 
-// Store is what the JoinService keeps nodes in.
+// Store is what the JoinService keeps nodes in, and where it reads the
+// pools' policies.
 type Store interface {
 	store.Nodes
+	GetPoolPolicy(ctx context.Context, pool string) (store.PoolPolicy, error)
 }
 
 // Service is the JoinService.
@@ -156,6 +167,10 @@ func (s *Service) Join(ctx context.Context, req *protocol.JoinRequest) (*protoco
 	if err != nil {
 		return nil, err
 	}
+	if v.Challenge != nil {
+		s.log().Info("join challenged", "attestor", req.Attestor, "csr_sha256", r.CSRSHA256, "expires", v.Challenge.ExpiresAt)
+		return &protocol.JoinResponse{TPMChallenge: v.Challenge}, nil
+	}
 	if v.Admit == nil {
 		secs := int((v.RetryAfter + time.Second - 1) / time.Second)
 		if secs < 1 {
@@ -212,8 +227,14 @@ func (s *Service) admit(ctx context.Context, r *Request, adm *Admission) (*proto
 	if adm.Role != req.Role {
 		return nil, refuse(protocol.CodeWrongRole, "the attestor admits role %s, the request is for %s", adm.Role, req.Role)
 	}
+	if err := s.checkPoolPolicy(ctx, req.Attestor, adm.Pool); err != nil {
+		return nil, err
+	}
 	uuid := SystemUUID(req.Claims.SystemUUID)
 	ek := EKSHA256(req.Claims.TPMEK)
+	if adm.ProvenEK != "" {
+		ek = adm.ProvenEK
+	}
 	if adm.Role == protocol.RoleRamdisk {
 		// A ramdisk is a new node at every boot of a machine whose OS is a
 		// node too: its hardware must not make later joins of that OS
@@ -237,6 +258,11 @@ func (s *Service) admit(ctx context.Context, r *Request, adm *Admission) (*proto
 		n, err := s.Store.FindNodeByClaims(ctx, uuid, ek)
 		switch {
 		case err == nil:
+			if adm.ProvenEK != "" && n.TPMEKSHA256 != adm.ProvenEK {
+				return nil, refuse(protocol.CodeReclaimNotAllowed,
+					"this machine's %s belongs to node %s, which has another TPM (or none); the tpm attestor reclaims only a node of the same endorsement key: delete %s first (better-compute nodes delete %s --yes)",
+					matchedOn(n, uuid, ek), n.ID, n.ID, n.ID)
+			}
 			if !adm.AllowReclaim {
 				return nil, refuse(protocol.CodeReclaimNotAllowed,
 					"this machine's hardware (%s) belongs to node %s; join with a token that allows reclaim, or delete %s first (better-compute nodes delete %s --yes)",
@@ -288,8 +314,11 @@ func (s *Service) admit(ctx context.Context, r *Request, adm *Admission) (*proto
 		State: protocol.NodeAdopting,
 	}
 	err = s.Store.Admit(ctx, store.Admission{TokenID: adm.TokenID, Node: node, Reclaim: reclaim, Now: r.Now,
-		BootNonce: adm.BootNonce, Machine: adm.Machine, Inventory: adm.Inventory, Retire: adm.Retire})
+		BootNonce: adm.BootNonce, Machine: adm.Machine, Inventory: adm.Inventory, Retire: adm.Retire, TPMEnrollment: adm.TPMEnrollment})
+	var ekc *store.EKConflictError
 	switch {
+	case errors.As(err, &ekc):
+		return nil, refuse(protocol.CodeAttestorRefused, "%s meanwhile", ekc.Error())
 	case errors.Is(err, store.ErrNonceUsed):
 		return nil, refuse(protocol.CodeNonceUsed, "the boot nonce was used by another join meanwhile")
 	case errors.Is(err, store.ErrNoMachine):
@@ -341,6 +370,25 @@ func (s *Service) admit(ctx context.Context, r *Request, adm *Admission) (*proto
 	s.log().Info("node joined", "node", nodeID, "role", adm.Role, "site", adm.Site, "pool", adm.Pool,
 		"attestor", req.Attestor, "reclaim", reclaim, "token", adm.TokenID, "machine", adm.Machine, "cert_serial", node.CertSerial)
 	return &protocol.JoinResponse{Signed: signed, SigningKey: s.Bundle.Public.JoinSigningPublicPEM}, nil
+}
+
+// checkPoolPolicy refuses (ATTESTOR_NOT_ALLOWED) a join with attestor into a
+// pool whose policy does not list it.
+func (s *Service) checkPoolPolicy(ctx context.Context, attestor, pool string) error {
+	if pool == "" {
+		return nil
+	}
+	p, err := s.Store.GetPoolPolicy(ctx, pool)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil
+	case err != nil:
+		return err
+	case !p.Allows(attestor):
+		return refuse(protocol.CodeAttestorNotAllowed, "pool %s admits joins with the %s attestor only, not %s (better-compute pools show %s)",
+			pool, strings.Join(p.JoinAttestors, ", "), attestor, pool)
+	}
+	return nil
 }
 
 func matchedOn(n store.Node, uuid, ek string) string {
