@@ -26,8 +26,13 @@ const maxResponse = 1 << 20
 type TPM struct {
 	mu     sync.Mutex
 	t      transport.TPMCloser
-	srks   map[tpm2.TPMHandle]*tpm2.CreatePrimaryResponse // by hierarchy, loaded on first use
 	closed bool
+
+	// primaries holds the saved contexts of the primary keys derived so far, so
+	// that they need not be derived again for every signature; a TPM holds only a
+	// few objects at once (three, without a resource manager), so none stays
+	// loaded between operations.
+	primaries map[string]*primary
 }
 
 // Open opens the TPM at path, a character device such as DefaultPath.
@@ -58,10 +63,10 @@ func OpenTCP(addr string) (*TPM, error) {
 }
 
 func newTPM(t transport.TPMCloser) *TPM {
-	return &TPM{t: t, srks: make(map[tpm2.TPMHandle]*tpm2.CreatePrimaryResponse)}
+	return &TPM{t: t, primaries: make(map[string]*primary)}
 }
 
-// Close flushes what the TPM holds for it and closes it. Keys made from it stop
+// Close closes the TPM; nothing of it stays loaded between operations. Keys made from it stop
 // working.
 func (t *TPM) Close() error {
 	t.mu.Lock()
@@ -70,16 +75,10 @@ func (t *TPM) Close() error {
 		return nil
 	}
 	t.closed = true
-	var errs []error
-	for _, srk := range t.srks {
-		if _, err := (tpm2.FlushContext{FlushHandle: srk.ObjectHandle}).Execute(t.t); err != nil {
-			errs = append(errs, fmt.Errorf("tpm: flushing a primary key: %w", err))
-		}
-	}
 	if err := t.t.Close(); err != nil {
-		errs = append(errs, fmt.Errorf("tpm: closing: %w", err))
+		return fmt.Errorf("tpm: closing: %w", err)
 	}
-	return errors.Join(errs...)
+	return nil
 }
 
 // lock takes the TPM for one operation; it fails once the TPM is closed.
@@ -92,57 +91,79 @@ func (t *TPM) lock() error {
 	return nil
 }
 
-// srk returns the storage primary key of hierarchy h (TPMRHOwner or
-// TPMRHEndorsement), derived from the hierarchy's seed with the TCG ECC P-256 SRK
-// template, so that it is the same key after every reboot. Call with t.mu held.
-func (t *TPM) srk(h tpm2.TPMHandle) (*tpm2.CreatePrimaryResponse, error) {
-	if srk := t.srks[h]; srk != nil {
-		return srk, nil
+// primary is a primary key the TPM derived, as a saved context.
+type primary struct {
+	ctx    tpm2.TPMSContext
+	name   tpm2.TPM2BName
+	public tpm2.TPM2BPublic
+}
+
+// loadPrimary loads the primary key of hierarchy h with template, from its saved
+// context when it has one that the TPM still takes (not after a TPM reset), else by
+// deriving it with TPM2_CreatePrimary. The caller flushes the handle. Call with t.mu
+// held.
+func (t *TPM) loadPrimary(id string, h tpm2.TPMHandle, template tpm2.TPMTPublic) (tpm2.TPMHandle, *primary, error) {
+	if p := t.primaries[id]; p != nil {
+		if rsp, err := (tpm2.ContextLoad{Context: p.ctx}).Execute(t.t); err == nil {
+			return rsp.LoadedHandle, p, nil
+		}
+		delete(t.primaries, id)
 	}
 	rsp, err := tpm2.CreatePrimary{
 		PrimaryHandle: tpm2.AuthHandle{Handle: h, Auth: tpm2.PasswordAuth(nil)},
-		InPublic:      tpm2.New2B(tpm2.ECCSRKTemplate),
+		InPublic:      tpm2.New2B(template),
 	}.Execute(t.t)
 	if err != nil {
-		return nil, err
+		return 0, nil, fmt.Errorf("TPM2_CreatePrimary: %w", err)
 	}
-	t.srks[h] = rsp
-	return rsp, nil
+	p := &primary{name: rsp.Name, public: rsp.OutPublic}
+	if s, err := (tpm2.ContextSave{SaveHandle: rsp.ObjectHandle}).Execute(t.t); err == nil {
+		p.ctx = s.Context
+		t.primaries[id] = p
+	}
+	return rsp.ObjectHandle, p, nil
+}
+
+// withSRK runs f with the storage primary key of hierarchy h (TPMRHOwner or
+// TPMRHEndorsement) loaded: the key derived from the hierarchy's seed with the TCG
+// ECC P-256 SRK template, the same key after every reboot. Call with t.mu held.
+func (t *TPM) withSRK(h tpm2.TPMHandle, f func(srk tpm2.AuthHandle) error) error {
+	handle, p, err := t.loadPrimary(hierarchyName(h)+"/srk", h, tpm2.ECCSRKTemplate)
+	if err != nil {
+		return fmt.Errorf("deriving the %s SRK: %w", hierarchyName(h), err)
+	}
+	defer t.flush(handle)
+	return f(tpm2.AuthHandle{Handle: handle, Name: p.name, Auth: tpm2.PasswordAuth(nil)})
 }
 
 // load loads the child object (pub, priv) under the SRK of hierarchy h; the caller
 // flushes it. Call with t.mu held.
 func (t *TPM) load(h tpm2.TPMHandle, pub tpm2.TPM2BPublic, priv tpm2.TPM2BPrivate) (*tpm2.LoadResponse, error) {
-	srk, err := t.srk(h)
-	if err != nil {
-		return nil, fmt.Errorf("deriving the %s SRK: %w", hierarchyName(h), err)
-	}
-	rsp, err := tpm2.Load{
-		ParentHandle: tpm2.AuthHandle{Handle: srk.ObjectHandle, Name: srk.Name, Auth: tpm2.PasswordAuth(nil)},
-		InPrivate:    priv,
-		InPublic:     pub,
-	}.Execute(t.t)
-	if err != nil {
-		return nil, fmt.Errorf("TPM2_Load under the %s SRK: %w", hierarchyName(h), err)
-	}
-	return rsp, nil
+	var rsp *tpm2.LoadResponse
+	err := t.withSRK(h, func(srk tpm2.AuthHandle) error {
+		var err error
+		rsp, err = tpm2.Load{ParentHandle: srk, InPrivate: priv, InPublic: pub}.Execute(t.t)
+		if err != nil {
+			return fmt.Errorf("TPM2_Load under the %s SRK: %w", hierarchyName(h), err)
+		}
+		return nil
+	})
+	return rsp, err
 }
 
 // create makes a child key from template under the SRK of hierarchy h. Call with
 // t.mu held.
 func (t *TPM) create(h tpm2.TPMHandle, template tpm2.TPMTPublic) (*tpm2.CreateResponse, error) {
-	srk, err := t.srk(h)
-	if err != nil {
-		return nil, fmt.Errorf("deriving the %s SRK: %w", hierarchyName(h), err)
-	}
-	rsp, err := tpm2.Create{
-		ParentHandle: tpm2.AuthHandle{Handle: srk.ObjectHandle, Name: srk.Name, Auth: tpm2.PasswordAuth(nil)},
-		InPublic:     tpm2.New2B(template),
-	}.Execute(t.t)
-	if err != nil {
-		return nil, fmt.Errorf("TPM2_Create under the %s SRK: %w", hierarchyName(h), err)
-	}
-	return rsp, nil
+	var rsp *tpm2.CreateResponse
+	err := t.withSRK(h, func(srk tpm2.AuthHandle) error {
+		var err error
+		rsp, err = tpm2.Create{ParentHandle: srk, InPublic: tpm2.New2B(template)}.Execute(t.t)
+		if err != nil {
+			return fmt.Errorf("TPM2_Create under the %s SRK: %w", hierarchyName(h), err)
+		}
+		return nil
+	})
+	return rsp, err
 }
 
 func (t *TPM) flush(h tpm2.TPMHandle) {
