@@ -239,6 +239,7 @@ func (s *Server) Start() (err error) {
 			protocol.AttestorJoinToken:   join.NewTokenAttestor(s.store),
 			protocol.AttestorProvisioned: join.NewProvisionedAttestor(s.store),
 			protocol.AttestorDiscovery:   join.NewDiscoveryAttestor(s.store),
+			protocol.AttestorTPM:         join.NewTPMAttestor(s.store, join.TPMOptions{Bundle: s.bundle}),
 		},
 		Logger: s.log().With("component", "join"),
 	}

@@ -15,13 +15,15 @@
 //     JoinResponse{RetryAfterS}; the agent retries with the same CSR and is
 //     admitted once the attestor says so (an operator's approval, a boot
 //     nonce that arrived). Attestors are the Attestor interface, so the
-//     discovery and tpm attestors plug in without changing this flow.
-//  4. The node is chosen: the id the attestor bound, else an existing node
+//     discovery and tpm attestors plug in without changing this flow. An
+//     attestor may also answer a challenge (the tpm attestor's first round).
+//  4. The pool's policy must allow the attestor (ATTESTOR_NOT_ALLOWED).
+//  5. The node is chosen: the id the attestor bound, else an existing node
 //     whose TPM EK or system UUID matches the claims (a reclaim, allowed
 //     only by a token with allow_reclaim: RECLAIM_NOT_ALLOWED otherwise, and
 //     WRONG_POOL, WRONG_ROLE or WRONG_SITE when the token is for another
 //     pool, role or site than that node), else a new id n_<ULID>.
-//  5. The certificate is issued (spiffe://<trust-domain>/<role>/<node-id>,
+//  6. The certificate is issued (spiffe://<trust-domain>/<role>/<node-id>,
 //     90 days) and the node written in the same store transaction that
 //     consumes the token.
 //
@@ -48,6 +50,27 @@
 // a machine not yet approved, defers the join for 5 s and holds the nonce
 // for that CSR. Ramdisk nodes keep no system UUID or TPM EK, so they never
 // take part in reclaims.
+//
+// # The tpm attestor
+//
+// A node proves its TPM in two rounds (protocol.TPMAttestation): round one
+// carries the EK, an attestation key and the AK's TPM2_Certify of the node
+// key with the CSR's SHA-256 as qualifying data, and is answered with a
+// TPMChallenge (Verdict.Challenge, JoinResponse.TPMChallenge): a secret
+// sealed to the EK for the AK's Name, its ID sealed to the join encryption
+// key so that nothing is stored in between. Round two brings the secret
+// back. The EK's policy runs in both: an enrolled EK joins its enrollment's
+// site and pool; an EK of a registered machine (by MAC, in the join's site)
+// waits for `machines approve` (a deferral, one join.deferred entry on its
+// timeline) and is then enrolled for it with the node; any other is
+// refused. A tpm join reclaims the node of the same EK (bcd join --reset
+// keeps its node id), never a node of another TPM. See NewTPMAttestor.
+//
+// # Pool policies
+//
+// After the attestor admits and before anything is written, a pool whose
+// policy (joinAttestors) does not list the join's attestor refuses it with
+// ATTESTOR_NOT_ALLOWED, naming the pool and the attestors it allows.
 //
 // A provisioned token that a machine's deploy minted binds the installed
 // OS's node to the machine, and retires its ramdisk node and the node an

@@ -274,12 +274,12 @@ func checkChallenge(r *Request, b *pki.Bundle, ev tpmEvidence) error {
 	case r.Now.Unix() > c.Exp:
 		return refuse(protocol.CodeAttestorRefused, "the TPM challenge expired at %s; join again for a new one",
 			time.Unix(c.Exp, 0).UTC().Format(time.RFC3339))
-	case c.CSRSHA256 != r.CSRSHA256:
-		return refuse(protocol.CodeAttestorRefused, "the TPM challenge was issued for another CSR (csr_sha256 %s, this one's is %s)", human.Short(c.CSRSHA256), r.CSRSHA256)
 	case c.EKSHA256 != ev.ekHash:
 		return refuse(protocol.CodeAttestorRefused, "the TPM challenge was issued for another endorsement key (%s, this join's is %s)", human.Short(c.EKSHA256), ev.ekHash)
 	case c.AKNameSHA256 != sha256Hex(ev.akName):
 		return refuse(protocol.CodeAttestorRefused, "the TPM challenge was issued for another attestation key")
+	case c.CSRSHA256 != r.CSRSHA256:
+		return refuse(protocol.CodeAttestorRefused, "the TPM challenge was issued for another CSR (csr_sha256 %s, this one's is %s)", human.Short(c.CSRSHA256), r.CSRSHA256)
 	case len(c.Secret) == 0 || subtle.ConstantTimeCompare(c.Secret, secret) != 1:
 		return refuse(protocol.CodeAttestorRefused, "tpm.secret is not the challenge's: the TPM that holds the endorsement key did not activate the credential for this attestation key")
 	}
