@@ -49,6 +49,8 @@ type Store interface {
 	store.Commands
 	store.Operators
 	store.Machines
+	store.TPMEnrollments
+	store.PoolPolicies
 	GetDeployment(ctx context.Context, id string) (store.Deployment, error)
 }
 
@@ -139,6 +141,14 @@ func (s *Server) Handler() http.Handler {
 	op("POST /machines/{ref}/deploy", s.deploy)
 	op("POST /machines/{ref}/cancel", s.cancel)
 	op("PUT /machines/{ref}/firmware", s.setFirmware)
+	op("PUT /machines/{ref}/tpm", s.setMachineTPM)
+	op("DELETE /machines/{ref}/tpm", s.clearMachineTPM)
+	op("POST /tpm/enrollments", s.createEnrollment)
+	op("GET /tpm/enrollments", s.listEnrollments)
+	op("DELETE /tpm/enrollments/{ek}", s.revokeEnrollment)
+	op("GET /pools", s.listPoolPolicies)
+	op("GET /pools/{pool}/policy", s.getPoolPolicy)
+	op("PUT /pools/{pool}/policy", s.setPoolPolicy)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		httpjson.WriteJSON(w, http.StatusNotFound, httpjson.Errorf(protocol.CodeNotFound, "no such route: %s %s", r.Method, short(r.URL.Path)))
 	})

@@ -120,7 +120,7 @@ func toMachine(m store.Machine, siteApproval string, ramdiskConnected, nodeConne
 		RamdiskNode: m.RamdiskNode, Node: m.Node, Deployment: m.Deployment, Inventory: m.Inventory,
 		InventoryAt: m.InventoryAt, Approved: m.Approved, LastBootStage: m.LastBootStage, LastBootAt: m.LastBootAt,
 		CreatedAt: m.CreatedAt, UpdatedAt: m.UpdatedAt, SiteApproval: siteApproval,
-		RamdiskConnected: ramdiskConnected, NodeConnected: nodeConnected}
+		RamdiskConnected: ramdiskConnected, NodeConnected: nodeConnected, TPMEKSHA256: m.TPMEKSHA256, TPMPool: m.TPMPool}
 	if m.BMC != nil {
 		info.BMC = &apitype.MachineBMCInfo{Address: m.BMC.Address, Port: m.BMC.Port, Username: m.BMC.Username,
 			HasPassword: m.BMC.Password != "", CipherSuite: m.BMC.CipherSuite}
@@ -148,4 +148,17 @@ func toEvents(evs []store.MachineEvent) []apitype.MachineEvent {
 			Message: e.Message, NodeID: e.NodeID, CommandID: e.CommandID, Data: e.Data})
 	}
 	return out
+}
+
+func toEnrollment(e store.TPMEnrollment) apitype.TPMEnrollment {
+	return apitype.TPMEnrollment{EKSHA256: e.EKSHA256, Site: e.Site, Pool: e.Pool, MachineID: e.MachineID, CreatedAt: e.CreatedAt}
+}
+
+// toPoolPolicy is p; a pool without a policy has no attestors listed.
+func toPoolPolicy(p store.PoolPolicy) apitype.PoolPolicy {
+	attestors := p.JoinAttestors
+	if attestors == nil {
+		attestors = []string{}
+	}
+	return apitype.PoolPolicy{Pool: p.Pool, JoinAttestors: attestors, UpdatedAt: p.UpdatedAt}
 }

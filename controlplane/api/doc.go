@@ -40,6 +40,14 @@
 //	POST   {basePath}/api/v1/machines/{m}/deploy    DeployCreate → 201 DeployCreated (a deployment)
 //	POST   {basePath}/api/v1/machines/{m}/cancel    MachineInfo (the deployment stopped: failed)
 //	PUT    {basePath}/api/v1/machines/{m}/firmware  MachineFirmware → MachineInfo
+//	PUT    {basePath}/api/v1/machines/{m}/tpm       MachineTPMSet → MachineInfo (its TPM's EK enrolled)
+//	DELETE {basePath}/api/v1/machines/{m}/tpm       MachineInfo (its EK no longer enrolled)
+//	POST   {basePath}/api/v1/tpm/enrollments        TPMEnrollmentCreate → 201 TPMEnrollment (allow-list entry)
+//	GET    {basePath}/api/v1/tpm/enrollments        TPMEnrollmentList
+//	DELETE {basePath}/api/v1/tpm/enrollments/{ek}   TPMEnrollment (as it was; revoked)
+//	GET    {basePath}/api/v1/pools                  PoolPolicyList (pools with a policy)
+//	GET    {basePath}/api/v1/pools/{pool}/policy    PoolPolicy (no attestors listed: any)
+//	PUT    {basePath}/api/v1/pools/{pool}/policy    PoolPolicySet → PoolPolicy
 //
 // {m} is a machine's id (m_…), one of its MACs (any spelling), or its name
 // when that names one machine across sites. POST /sites takes approval
@@ -70,6 +78,16 @@
 // mode and size, never its content, and a deployment's image URL is shown
 // without userinfo, query or fragment. GET of one machine includes its latest
 // deployment.
+//
+// # TPM enrollments and pool policies
+//
+// The tpm attestor admits an enrolled endorsement key (its SHA-256, {ek}):
+// a machine's (PUT …/machines/{m}/tpm, through machines.Service: part of
+// the machine's spec, on its timeline) or an allow-list entry of a site and
+// pool. Revoking a machine's EK goes through the Service too. A pool's
+// policy lists the attestors a join into it may use (join-token,
+// provisioned, discovery, tpm); a join with another is refused
+// ATTESTOR_NOT_ALLOWED.
 //
 // Handlers never answer with a store row: convert.go turns rows into
 // apitype resources in one place, and that is where a BMC password becomes

@@ -118,8 +118,14 @@ type MachineInfo struct {
 	// Inventory is the latest hardware report (left out of lists).
 	Inventory   json.RawMessage `json:"inventory,omitempty"`
 	InventoryAt time.Time       `json:"inventory_at,omitzero"`
-	// Approved lets its ramdisk join in a site with manual approval.
+	// Approved lets its ramdisk join in a site with manual approval, and
+	// its TPM's join when its EK is not enrolled yet.
 	Approved bool `json:"approved"`
+	// TPMEKSHA256 is its TPM's enrolled endorsement key (SHA-256 of the
+	// PKIX DER), with TPMPool the pool its tpm join enters ("": the
+	// default pool).
+	TPMEKSHA256 string `json:"tpm_ek_sha256,omitempty"`
+	TPMPool     string `json:"tpm_pool,omitempty"`
 	// LastBootStage is the latest machine.booted step a site agent
 	// reported, at LastBootAt.
 	LastBootStage string    `json:"last_boot_stage,omitempty"`

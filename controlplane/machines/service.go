@@ -298,11 +298,47 @@ func (s *Service) SetFirmware(ctx context.Context, m store.Machine, firmware str
 		Message: fmt.Sprintf("firmware %s (was %s)", fw, m.Firmware)}}, false)
 }
 
-// Approve lets the machine's ramdisk join in a site with manual approval;
-// allowed during a deployment, which may be waiting for it.
+// Approve lets the machine's ramdisk join in a site with manual approval,
+// and its TPM's join (tpm attestor) whose EK is not enrolled yet, which
+// then enrolls it; allowed during a deployment, which may be waiting for it.
 func (s *Service) Approve(ctx context.Context, m store.Machine) (store.Machine, error) {
 	return s.update(ctx, m, store.MachineUpdate{Approve: true, Event: store.MachineEvent{Kind: protocol.MachineEventApproved,
 		Message: "approved: its ramdisk may join"}}, false)
+}
+
+// CheckEKSHA256 checks a TPM endorsement key's hash: 64 lower-case hex
+// digits, the SHA-256 of its PKIX DER.
+func CheckEKSHA256(v string) error {
+	if len(v) != 64 || strings.Trim(v, "0123456789abcdef") != "" {
+		return refusal.New(protocol.CodeInvalidInput, "ek_sha256 %q: want the 64 lower-case hex digits of the SHA-256 of the EK's PKIX DER", human.Short(v))
+	}
+	return nil
+}
+
+// EnrollTPM makes ek the endorsement key of the machine's TPM: its tpm join
+// enters the machine's site and pool ("": the default pool), bound to it.
+// Allowed during a deployment, whose installed OS may join with it; an EK
+// another machine holds is ALREADY_EXISTS.
+func (s *Service) EnrollTPM(ctx context.Context, m store.Machine, ek, pool string) (store.Machine, error) {
+	if err := CheckEKSHA256(ek); err != nil {
+		return store.Machine{}, err
+	}
+	if pool != "" {
+		if err := ids.CheckName("pool", pool); err != nil {
+			return store.Machine{}, err
+		}
+	}
+	got, err := s.update(ctx, m, store.MachineUpdate{SetTPM: true, TPM: &store.TPMEnrollment{EKSHA256: ek, Site: m.Site, Pool: pool, MachineID: m.ID}}, false)
+	var c *store.EKConflictError
+	if errors.As(err, &c) {
+		return store.Machine{}, refusal.New(protocol.CodeAlreadyExists, "%s", c.Error())
+	}
+	return got, err
+}
+
+// ClearTPM removes the machine's TPM enrollment.
+func (s *Service) ClearTPM(ctx context.Context, m store.Machine) (store.Machine, error) {
+	return s.update(ctx, m, store.MachineUpdate{SetTPM: true}, false)
 }
 
 // Delete removes the machine, refused while a deployment runs.
