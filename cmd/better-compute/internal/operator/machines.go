@@ -41,7 +41,7 @@ the reason. machines list shows where each machine is; machines events its timel
 	cmd.AddCommand(newMachinesAddCmd(&af), newMachinesListCmd(&af), newMachinesShowCmd(&af), newMachinesBootCmd(&af),
 		newMachinesApproveCmd(&af), newMachinesEventsCmd(&af), newMachinesDeleteCmd(&af), newMachinesSetBMCCmd(&af),
 		newMachinesPowerCmd(&af), newMachinesBootdevCmd(&af), newMachinesInventoryCmd(&af), newMachinesDeployCmd(&af),
-		newMachinesCancelCmd(&af), newMachinesFirmwareCmd(&af))
+		newMachinesCancelCmd(&af), newMachinesFirmwareCmd(&af), newMachinesEnrollTPMCmd(&af))
 	return cmd
 }
 
@@ -291,7 +291,7 @@ func newMachinesShowCmd(af *apiFlags) *cobra.Command {
 			for _, kv := range [][2]string{
 				{"ID", m.ID}, {"NAME", dash(m.Name)}, {"SITE", m.Site}, {"MACS", strings.Join(m.MACs, ", ")},
 				{"BOOT", dash(m.BootMode)}, {"FIRMWARE", dash(m.Firmware)}, {"STATE", state + " since " + stamp(m.StateChangedAt)},
-				{"DEPLOYMENT", deployment}, {"APPROVED", approval},
+				{"DEPLOYMENT", deployment}, {"APPROVED", approval}, {"TPM EK", tpmEK(m)},
 				{"BMC", bmc}, {"LAST BOOT EVENT", last},
 				{"RAMDISK NODE", connectedNode(m.RamdiskNode, m.RamdiskConnected)}, {"NODE", connectedNode(m.Node, m.NodeConnected)},
 				{"CREATED", stamp(m.CreatedAt)}, {"UPDATED", stamp(m.UpdatedAt)}, {"INVENTORY", stamp(m.InventoryAt)},
@@ -311,6 +311,13 @@ func newMachinesShowCmd(af *apiFlags) *cobra.Command {
 			return nil
 		},
 	}
+}
+
+func tpmEK(m apitype.MachineInfo) string {
+	if m.TPMEKSHA256 == "" {
+		return "-"
+	}
+	return m.TPMEKSHA256 + " (pool " + orDefaultPool(m.TPMPool) + ")"
 }
 
 func cipher(n int) string {
@@ -354,7 +361,7 @@ does not answer its PXE requests at all. The site's agents get the change at onc
 func newMachinesApproveCmd(af *apiFlags) *cobra.Command {
 	return &cobra.Command{
 		Use:   "approve M",
-		Short: "Let the machine's ramdisk join in a site that approves manually",
+		Short: "Let the machine's ramdisk join in a site that approves manually, and its TPM's first tpm join",
 		Args:  cli.ExactArgs(1, "the machine (id, name or MAC)"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := af.client()

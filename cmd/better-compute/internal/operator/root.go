@@ -17,7 +17,7 @@ func NewRoot() *cobra.Command {
 		Args:  cli.NoArgs,
 	}
 	root.AddCommand(newVersionCmd(), newPKICmd(), newReleaseCmd(), newDaemonCmd())
-	root.AddCommand(newTokensCmd(), newSitesCmd(), newNodesCmd(), newCommandsCmd(), newMachinesCmd())
+	root.AddCommand(newTokensCmd(), newSitesCmd(), newNodesCmd(), newCommandsCmd(), newMachinesCmd(), newTPMCmd(), newPoolsCmd())
 	return root
 }
 
