@@ -460,3 +460,16 @@ func TestReclaimEndsTheOldSession(t *testing.T) {
 		t.Errorf("the old certificate after a reclaim: %v %v, want 403", err, resp)
 	}
 }
+
+// TestServeRunsTheTPMAttestor: serve's JoinService has the tpm attestor (a
+// join without evidence is its refusal, not "attestor not enabled"). Its
+// rounds are tested against swtpm in package join.
+func TestServeRunsTheTPMAttestor(t *testing.T) {
+	s, _ := startServer(t, newPKI(t), filepath.Join(t.TempDir(), "data"), nil)
+	a := cptest.NewAgent(t)
+	req := a.Request(t, s.Bundle(), protocol.RoleNode, "", func(r *protocol.JoinRequest) { r.Attestor = protocol.AttestorTPM })
+	_, er := cptest.PostJoin(t, cptest.HTTPClient(s.Bundle().Public.ServingCAPool(), nil), s.AdvertisedGatewayURL(), req)
+	if er == nil || er.Code != protocol.CodeInvalidInput || !strings.Contains(er.Message, "the tpm attestor needs the TPM's evidence") {
+		t.Fatalf("tpm join without evidence: %+v", er)
+	}
+}
