@@ -3,12 +3,19 @@ package tpm
 import (
 	"crypto"
 	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"fmt"
+	"io"
+	"math/big"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 )
 
 func TestNodeKey(t *testing.T) {
@@ -88,5 +95,116 @@ func checkSigns(t *testing.T, key *Key, pub *ecdsa.PublicKey) {
 	}
 	if !ecdsa.VerifyASN1(pub, d[:], sig) {
 		t.Fatal("the TPM's signature does not verify")
+	}
+}
+
+// TestNodeKeyTLS has a TLS client authenticate with the TPM key, from several
+// handshakes at once (one TPM, one command at a time).
+func TestNodeKeyTLS(t *testing.T) {
+	tp := startSwtpm(t, false).open()
+	key, _, err := tp.CreateNodeKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		Subject:      pkix.Name{CommonName: "ca"},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		IsCA:         true, BasicConstraintsValid: true,
+		KeyUsage:    x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth},
+		DNSNames:    []string{"server"},
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, caKey.Public(), caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	leaf := &x509.Certificate{
+		SerialNumber: big.NewInt(2),
+		Subject:      pkix.Name{CommonName: "node"},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	leafDER, err := x509.CreateCertificate(rand.Reader, leaf, ca, key.Public(), caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	for _, version := range []uint16{tls.VersionTLS12, tls.VersionTLS13} {
+		ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{
+			Certificates: []tls.Certificate{{Certificate: [][]byte{caDER}, PrivateKey: caKey}},
+			ClientAuth:   tls.RequireAndVerifyClientCert,
+			ClientCAs:    pool,
+			MinVersion:   version, MaxVersion: version,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				go func() {
+					defer c.Close()
+					c.(*tls.Conn).Handshake()
+					c.Write([]byte("ok"))
+				}()
+			}
+		}()
+		var wg sync.WaitGroup
+		errs := make(chan error, 4)
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c, err := tls.Dial("tcp", ln.Addr().String(), &tls.Config{
+					Certificates: []tls.Certificate{{Certificate: [][]byte{leafDER}, PrivateKey: key}},
+					RootCAs:      pool,
+					ServerName:   "server",
+					MinVersion:   version, MaxVersion: version,
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+				defer c.Close()
+				b := make([]byte, 2)
+				if _, err := io.ReadFull(c, b); err != nil {
+					errs <- fmt.Errorf("the server closed on the TPM-authenticated client: %w", err)
+				}
+			}()
+		}
+		wg.Wait()
+		ln.Close()
+		close(errs)
+		for err := range errs {
+			t.Errorf("TLS %#x: %v", version, err)
+		}
+	}
+}
+
+func TestSignRefuses(t *testing.T) {
+	tp := startSwtpm(t, false).open()
+	key, _, err := tp.CreateNodeKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := key.Sign(nil, make([]byte, 48), crypto.SHA384); err == nil {
+		t.Error("signed a SHA-384 digest")
+	}
+	if _, err := key.Sign(nil, make([]byte, 20), crypto.SHA256); err == nil {
+		t.Error("signed a 20-byte digest as SHA-256")
 	}
 }

@@ -35,7 +35,7 @@ func startSwtpm(t *testing.T, ekCert bool) *swtpm {
 	}
 	if ekCert {
 		setup := testenv.NeedTool(t, "swtpm_setup")
-		testenv.NeedTool(t, "swtpm_localca")
+		localcaBin := testenv.NeedTool(t, "swtpm_localca")
 		ca := filepath.Join(dir, "ca")
 		if err := os.Mkdir(ca, 0o700); err != nil {
 			t.Fatal(err)
@@ -45,7 +45,7 @@ func startSwtpm(t *testing.T, ekCert bool) *swtpm {
 		opts := filepath.Join(dir, "localca.options")
 		writeFile(t, opts, "--platform-manufacturer bcd\n--platform-version 1\n--platform-model test\n")
 		conf := filepath.Join(dir, "setup.conf")
-		writeFile(t, conf, fmt.Sprintf("create_certs_tool = /usr/bin/swtpm_localca\ncreate_certs_tool_config = %s\ncreate_certs_tool_options = %s\nactive_pcr_banks = sha256\n", localca, opts))
+		writeFile(t, conf, fmt.Sprintf("create_certs_tool = %s\ncreate_certs_tool_config = %s\ncreate_certs_tool_options = %s\nactive_pcr_banks = sha256\n", localcaBin, localca, opts))
 		out, err := exec.Command(setup, "--tpm2", "--tpmstate", state, "--config", conf,
 			"--create-ek-cert", "--create-platform-cert", "--overwrite").CombinedOutput()
 		if err != nil {
