@@ -2,7 +2,7 @@ package agent
 
 import (
 	"bytes"
-	"crypto/ecdsa"
+	"crypto"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -61,13 +61,14 @@ type Identity struct {
 	// JoinedAt is when the join answered.
 	JoinedAt time.Time `json:"joined_at"`
 
-	key    *ecdsa.PrivateKey
+	key    crypto.Signer
 	chain  []*x509.Certificate
 	bundle []*x509.Certificate
 }
 
-// Key is the node's private key (nil for an identity that was only decoded).
-func (id *Identity) Key() *ecdsa.PrivateKey { return id.key }
+// Key is the node's key (nil for an identity that was only decoded). It is a
+// crypto.Signer: the key may live in a TPM.
+func (id *Identity) Key() crypto.Signer { return id.key }
 
 // Leaf is the node certificate.
 func (id *Identity) Leaf() *x509.Certificate { return id.chain[0] }
@@ -186,10 +187,10 @@ func EncodeCerts(certs []*x509.Certificate) string {
 	return b.String()
 }
 
-// LoadIdentity reads node.key and identity.json from dataDir and checks that the key
-// is the one the leaf certifies. A data_dir without identity.json gives an error
-// wrapping ErrNotJoined.
-func LoadIdentity(dataDir string) (*Identity, error) {
+// LoadIdentity reads node.key and identity.json from dataDir, loads the key with
+// keys (nil: PKCS8Keys) and checks that it is the one the leaf certifies. A
+// data_dir without identity.json gives an error wrapping ErrNotJoined.
+func LoadIdentity(dataDir string, keys KeyStore) (*Identity, error) {
 	path := filepath.Join(dataDir, IdentityFile)
 	data, err := readLimited(path, MaxIdentitySize, false)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -203,51 +204,59 @@ func LoadIdentity(dataDir string) (*Identity, error) {
 		return nil, fmt.Errorf("%s: %w", dataDir, err)
 	}
 	keyPath := filepath.Join(dataDir, KeyFile)
-	keyPEM, err := readLimited(keyPath, maxKeySize, true)
+	key, err := loadKey(keyPath, keys)
 	if err != nil {
 		return nil, err
 	}
-	key, err := pki.ParsePKCS8PEM(keyPEM)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", keyPath, err)
-	}
-	if !key.PublicKey.Equal(id.Leaf().PublicKey) {
+	if !SamePublicKey(key.Public(), id.Leaf().PublicKey) {
 		return nil, fmt.Errorf("%s is not the key the node certificate in %s certifies", keyPath, path)
 	}
 	id.key = key
 	return id, nil
 }
 
-// SaveIdentity writes node.key and identity.json into dataDir (created 0700), both
-// 0600 and each atomically. The key goes first: a crash between the two leaves an
-// identity that does not load (the key does not match), never a certificate whose
-// key is lost.
-func SaveIdentity(dataDir string, id *Identity, key *ecdsa.PrivateKey) error {
+// loadKey reads a node key file (node.key or node.key.next) and loads it with keys.
+func loadKey(path string, keys KeyStore) (crypto.Signer, error) {
+	file, err := readLimited(path, maxKeySize, true)
+	if err != nil {
+		return nil, err
+	}
+	key, err := keysOr(keys).Load(file)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return key, nil
+}
+
+// SaveIdentity writes node.key (key.File) and identity.json into dataDir (created
+// 0700), both 0600 and each atomically. The key goes first: a crash between the
+// two leaves an identity that does not load (the key does not match), never a
+// certificate whose key is lost.
+func SaveIdentity(dataDir string, id *Identity, key *NodeKey) error {
 	id.Version = identityVersion
 	if err := id.check(); err != nil {
 		return fmt.Errorf("save identity: %w", err)
 	}
-	if !key.PublicKey.Equal(id.Leaf().PublicKey) {
+	if key == nil || key.Signer == nil || len(key.File) == 0 {
+		return errors.New("save identity: no key")
+	}
+	if !SamePublicKey(key.Signer.Public(), id.Leaf().PublicKey) {
 		return errors.New("save identity: the key is not the one the node certificate certifies")
 	}
 	data, err := json.MarshalIndent(id, "", "  ")
 	if err != nil {
 		return fmt.Errorf("save identity: %w", err)
 	}
-	keyPEM, err := pki.MarshalPKCS8PEM(key)
-	if err != nil {
-		return fmt.Errorf("save identity: %w", err)
-	}
 	if err := os.MkdirAll(dataDir, 0o700); err != nil {
 		return fmt.Errorf("save identity: %w", err)
 	}
-	if err := pki.WriteFileAtomic(filepath.Join(dataDir, KeyFile), keyPEM, 0o600); err != nil {
+	if err := pki.WriteFileAtomic(filepath.Join(dataDir, KeyFile), key.File, 0o600); err != nil {
 		return fmt.Errorf("save identity: %w", err)
 	}
 	if err := pki.WriteFileAtomic(filepath.Join(dataDir, IdentityFile), append(data, '\n'), 0o600); err != nil {
 		return fmt.Errorf("save identity: %w", err)
 	}
-	id.key = key
+	id.key = key.Signer
 	return nil
 }
 

@@ -114,7 +114,7 @@ func DoctorChecks(path string, o DoctorOptions) []Check {
 		idErr  error
 	)
 	identity := func() (*agent.Identity, error) {
-		idOnce.Do(func() { id, idErr = agent.LoadIdentity(DataDir(cfg)) })
+		idOnce.Do(func() { id, idErr = agent.LoadIdentity(DataDir(cfg), nil) })
 		return id, idErr
 	}
 	return []Check{

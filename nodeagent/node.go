@@ -89,7 +89,7 @@ func (n *Node) Run(ctx context.Context) error {
 		return errors.New("bcd node: config.toml needs gateway_url and serving_ca_spki_pin")
 	}
 	dataDir := DataDir(c)
-	id, err := agent.LoadIdentity(dataDir)
+	id, err := agent.LoadIdentity(dataDir, nil)
 	switch {
 	case errors.Is(err, agent.ErrNotJoined):
 		return fmt.Errorf("bcd node: this machine has not joined (no %s in %s): run bcd join first", agent.IdentityFile, dataDir)

@@ -1,6 +1,7 @@
 package pki
 
 import (
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -250,12 +251,26 @@ func NewKeyAndCSR() (*ecdsa.PrivateKey, []byte, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	der, err := x509.CreateCertificateRequest(rand.Reader,
-		&x509.CertificateRequest{SignatureAlgorithm: x509.ECDSAWithSHA256}, key)
+	csr, err := NewCSR(key)
 	if err != nil {
-		return nil, nil, fmt.Errorf("create CSR: %w", err)
+		return nil, nil, err
 	}
-	return key, pem.EncodeToMemory(&pem.Block{Type: pemCSR, Bytes: der}), nil
+	return key, csr, nil
+}
+
+// NewP256Key makes a P-256 key in memory, the node key of a host without a TPM.
+func NewP256Key() (*ecdsa.PrivateKey, error) { return newKey() }
+
+// NewCSR makes a CSR in PEM for the key behind signer, which signs it (a key in
+// memory or one in a TPM alike). It carries no names: the control plane decides
+// the identity.
+func NewCSR(signer crypto.Signer) ([]byte, error) {
+	der, err := x509.CreateCertificateRequest(rand.Reader,
+		&x509.CertificateRequest{SignatureAlgorithm: x509.ECDSAWithSHA256}, signer)
+	if err != nil {
+		return nil, fmt.Errorf("create CSR: %w", err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: pemCSR, Bytes: der}), nil
 }
 
 // ParseCSRPEM decodes one "CERTIFICATE REQUEST" PEM block and checks what

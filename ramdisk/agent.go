@@ -2,7 +2,6 @@ package ramdisk
 
 import (
 	"context"
-	"crypto/ecdsa"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -320,7 +319,7 @@ func (a *Agent) probe(ctx context.Context) error {
 // identity loads the identity a join of this boot left in the data directory (a
 // restarted bcd ramdisk must not spend the nonce twice), or joins.
 func (a *Agent) identity(ctx context.Context, claims protocol.Claims) (*agent.Identity, error) {
-	id, err := agent.LoadIdentity(a.dataDir())
+	id, err := agent.LoadIdentity(a.dataDir(), nil)
 	switch {
 	case err == nil && id.Role == protocol.RoleRamdisk:
 		a.log.Info("already joined in this boot", "node_id", id.NodeID)
@@ -354,7 +353,7 @@ func (a *Agent) identity(ctx context.Context, claims protocol.Claims) (*agent.Id
 	}
 	a.log.Info("joining through the discovery attestor", "gateway", a.Params.GatewayURL, "macs", claims.MACs)
 	for {
-		var key *ecdsa.PrivateKey
+		var key *agent.NodeKey
 		id, key, err = client.Join(ctx, req)
 		var refused *join.RefusedError
 		switch {

@@ -140,7 +140,7 @@ func (s *Site) Run(ctx context.Context) error {
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	s.dataDir = DataDir(c)
-	id, err := agent.LoadIdentity(s.dataDir)
+	id, err := agent.LoadIdentity(s.dataDir, nil)
 	switch {
 	case errors.Is(err, agent.ErrNotJoined):
 		return fmt.Errorf("bcd site: this machine has not joined (no %s in %s): run bcd join --role site first", agent.IdentityFile, s.dataDir)

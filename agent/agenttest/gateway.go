@@ -473,10 +473,14 @@ func (g *Gateway) Identity(t testing.TB, dataDir, role, nodeID string) *agent.Id
 		GatewayURL:  g.URL,
 		JoinedAt:    time.Now().UTC(),
 	}
-	if err := agent.SaveIdentity(dataDir, id, key); err != nil {
+	file, err := pki.MarshalPKCS8PEM(key)
+	if err != nil {
 		t.Fatal(err)
 	}
-	loaded, err := agent.LoadIdentity(dataDir)
+	if err := agent.SaveIdentity(dataDir, id, &agent.NodeKey{Signer: key, File: file}); err != nil {
+		t.Fatal(err)
+	}
+	loaded, err := agent.LoadIdentity(dataDir, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package join
 import (
 	"bytes"
 	"context"
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/x509"
 	"encoding/json"
@@ -90,6 +91,8 @@ type Client struct {
 	// wait and the number of deferrals so far: the ramdisk tells its console that
 	// the machine waits for an operator's approval.
 	OnDeferral func(wait time.Duration, deferrals int)
+	// Keys makes the node key; nil is agent.PKCS8Keys.
+	Keys agent.KeyStore
 }
 
 func (c *Client) log() *slog.Logger {
@@ -99,9 +102,9 @@ func (c *Client) log() *slog.Logger {
 	return c.Logger
 }
 
-// Join makes a key and CSR and runs the join to its end: a verified identity (not
-// yet saved), a refusal, or an error after retries.
-func (c *Client) Join(ctx context.Context, req Request) (*agent.Identity, *ecdsa.PrivateKey, error) {
+// Join makes a key (with Keys) and CSR and runs the join to its end: a verified
+// identity and its key (not yet saved), a refusal, or an error after retries.
+func (c *Client) Join(ctx context.Context, req Request) (*agent.Identity, *agent.NodeKey, error) {
 	if err := checkRequest(req); err != nil {
 		return nil, nil, err
 	}
@@ -133,9 +136,13 @@ func (c *Client) Join(ctx context.Context, req Request) (*agent.Identity, *ecdsa
 	}
 	defer client.CloseIdleConnections()
 
-	key, csrPEM, err := pki.NewKeyAndCSR()
+	key, err := agent.NewNodeKey(c.Keys)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("join: %w", err)
+	}
+	csrPEM, err := pki.NewCSR(key.Signer)
+	if err != nil {
+		return nil, nil, fmt.Errorf("join: %w", err)
 	}
 	blk, _ := pem.Decode(csrPEM)
 	if blk == nil {
@@ -179,7 +186,7 @@ func (c *Client) Join(ctx context.Context, req Request) (*agent.Identity, *ecdsa
 			}
 			continue
 		case err == nil:
-			id, err := c.verify(resp, req, key, csrSHA)
+			id, err := c.verify(resp, req, key.Signer.Public(), csrSHA)
 			if err != nil {
 				return nil, nil, fmt.Errorf("refusing the join response: %w", err)
 			}
@@ -308,7 +315,7 @@ func (c *Client) post(ctx context.Context, client *http.Client, body []byte) (*p
 }
 
 // verify checks the signed result under the pinned signing key and that it is ours.
-func (c *Client) verify(resp *protocol.JoinResponse, req Request, key *ecdsa.PrivateKey, csrSHA string) (*agent.Identity, error) {
+func (c *Client) verify(resp *protocol.JoinResponse, req Request, pub crypto.PublicKey, csrSHA string) (*agent.Identity, error) {
 	if resp.Signed == "" {
 		return nil, errors.New("the answer carries neither a signed result nor a deferral")
 	}
@@ -353,7 +360,7 @@ func (c *Client) verify(resp *protocol.JoinResponse, req Request, key *ecdsa.Pri
 		return nil, fmt.Errorf("trust_bundle: %w", err)
 	}
 	leaf := chain[0]
-	if !key.PublicKey.Equal(leaf.PublicKey) {
+	if !agent.SamePublicKey(pub, leaf.PublicKey) {
 		return nil, errors.New("the node certificate does not certify this node's key")
 	}
 	if err := agent.CheckLeafIdentity(leaf, res.SPIFFEID, res.Role, res.NodeID); err != nil {

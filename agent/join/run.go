@@ -73,6 +73,8 @@ type Options struct {
 	MaxDeferral time.Duration
 	// Now is the clock of moved-aside names; nil means time.Now.
 	Now func() time.Time
+	// Keys makes and loads the node key; nil is agent.PKCS8Keys.
+	Keys agent.KeyStore
 }
 
 func (o *Options) defaults() {
@@ -203,7 +205,7 @@ func Run(ctx context.Context, o Options) error {
 		}
 	}
 
-	id, err := agent.LoadIdentity(dataDir)
+	id, err := agent.LoadIdentity(dataDir, o.Keys)
 	switch {
 	case err == nil:
 		fmt.Fprintf(o.Stdout, "already joined as %s\n", id.NodeID)
@@ -247,6 +249,7 @@ func Run(ctx context.Context, o Options) error {
 		GiveUpAfter:   o.GiveUpAfter,
 		MaxDeferral:   o.MaxDeferral,
 		Logger:        o.Logger,
+		Keys:          o.Keys,
 	}
 	claims := o.Claims(ctx)
 	id, key, err := client.Join(ctx, Request{

@@ -102,7 +102,7 @@ func TestJoinWritesIdentity(t *testing.T) {
 	}
 	wantMode(t, filepath.Join(f.dataDir, agent.KeyFile), 0o600)
 	wantMode(t, filepath.Join(f.dataDir, agent.IdentityFile), 0o600)
-	id, err := agent.LoadIdentity(f.dataDir)
+	id, err := agent.LoadIdentity(f.dataDir, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +134,7 @@ func TestJoinProvisioned(t *testing.T) {
 	if j := f.g.Joins()[0]; j.Attestor != protocol.AttestorProvisioned || j.NodeID != "node_prov" {
 		t.Errorf("join request attestor %q node %q", j.Attestor, j.NodeID)
 	}
-	id, err := agent.LoadIdentity(f.dataDir)
+	id, err := agent.LoadIdentity(f.dataDir, nil)
 	if err != nil || id.NodeID != "node_prov" {
 		t.Fatalf("identity %v, %v", id, err)
 	}
@@ -183,7 +183,7 @@ func wantRefused(t *testing.T, f *fixture, err error, substr string) {
 	if strings.Contains(err.Error(), goodToken) || strings.Contains(f.out.String(), goodToken) {
 		t.Error("the token appears in the output")
 	}
-	if _, lerr := agent.LoadIdentity(f.dataDir); !errors.Is(lerr, agent.ErrNotJoined) {
+	if _, lerr := agent.LoadIdentity(f.dataDir, nil); !errors.Is(lerr, agent.ErrNotJoined) {
 		t.Errorf("after a refused join LoadIdentity = %v, want ErrNotJoined", lerr)
 	}
 }
@@ -474,7 +474,7 @@ func TestResetDryRunAndMove(t *testing.T) {
 			t.Errorf("%s not moved aside: %v", p, err)
 		}
 	}
-	if _, err := agent.LoadIdentity(f.dataDir); !errors.Is(err, agent.ErrNotJoined) {
+	if _, err := agent.LoadIdentity(f.dataDir, nil); !errors.Is(err, agent.ErrNotJoined) {
 		t.Errorf("after reset LoadIdentity = %v", err)
 	}
 
@@ -485,7 +485,7 @@ func TestResetDryRunAndMove(t *testing.T) {
 	if err := f.run(t); err != nil {
 		t.Fatal(err)
 	}
-	if id, err := agent.LoadIdentity(f.dataDir); err != nil || id.NodeID != "node_2" {
+	if id, err := agent.LoadIdentity(f.dataDir, nil); err != nil || id.NodeID != "node_2" {
 		t.Errorf("after rejoin: %v, %v", id, err)
 	}
 }

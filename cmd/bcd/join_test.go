@@ -127,7 +127,7 @@ func TestJoinAndAlreadyJoined(t *testing.T) {
 	if strings.Contains(stdout+stderr, "bcjt_cli_token") {
 		t.Error("the token appears in the output")
 	}
-	id, err := agent.LoadIdentity(f.dataDir)
+	id, err := agent.LoadIdentity(f.dataDir, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +200,7 @@ func TestJoinResetCLI(t *testing.T) {
 	if code != 2 || !strings.Contains(stdout, agent.KeyFile+" -> ") {
 		t.Fatalf("dry run: exit %d, %q", code, stdout)
 	}
-	if _, err := agent.LoadIdentity(f.dataDir); err != nil {
+	if _, err := agent.LoadIdentity(f.dataDir, nil); err != nil {
 		t.Fatalf("the dry run moved something: %v", err)
 	}
 	f.g.Tokens["bcjt_second"] = agenttest.Token{Role: protocol.RoleNode, Site: "fsn1"}
