@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/better-compute/bcd/agent"
+	"github.com/better-compute/bcd/agent/nodekey"
 	"github.com/better-compute/bcd/config"
 )
 
@@ -114,7 +115,7 @@ func DoctorChecks(path string, o DoctorOptions) []Check {
 		idErr  error
 	)
 	identity := func() (*agent.Identity, error) {
-		idOnce.Do(func() { id, idErr = agent.LoadIdentity(DataDir(cfg), nil) })
+		idOnce.Do(func() { id, idErr = agent.LoadIdentity(DataDir(cfg), &nodekey.Host{}) })
 		return id, idErr
 	}
 	return []Check{

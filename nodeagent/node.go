@@ -11,6 +11,7 @@ import (
 
 	"github.com/better-compute/bcd/agent"
 	"github.com/better-compute/bcd/agent/journal"
+	"github.com/better-compute/bcd/agent/nodekey"
 	"github.com/better-compute/bcd/config"
 	"github.com/better-compute/bcd/protocol"
 )
@@ -89,7 +90,7 @@ func (n *Node) Run(ctx context.Context) error {
 		return errors.New("bcd node: config.toml needs gateway_url and serving_ca_spki_pin")
 	}
 	dataDir := DataDir(c)
-	id, err := agent.LoadIdentity(dataDir, nil)
+	id, err := agent.LoadIdentity(dataDir, &nodekey.Host{Logger: n.Logger})
 	switch {
 	case errors.Is(err, agent.ErrNotJoined):
 		return fmt.Errorf("bcd node: this machine has not joined (no %s in %s): run bcd join first", agent.IdentityFile, dataDir)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/better-compute/bcd/agent"
 	"github.com/better-compute/bcd/agent/journal"
+	"github.com/better-compute/bcd/agent/nodekey"
 	"github.com/better-compute/bcd/bmc"
 	"github.com/better-compute/bcd/boot"
 	"github.com/better-compute/bcd/config"
@@ -140,7 +141,7 @@ func (s *Site) Run(ctx context.Context) error {
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	s.dataDir = DataDir(c)
-	id, err := agent.LoadIdentity(s.dataDir, nil)
+	id, err := agent.LoadIdentity(s.dataDir, &nodekey.Host{Logger: s.log})
 	switch {
 	case errors.Is(err, agent.ErrNotJoined):
 		return fmt.Errorf("bcd site: this machine has not joined (no %s in %s): run bcd join --role site first", agent.IdentityFile, s.dataDir)

@@ -5,7 +5,9 @@ import (
 	"context"
 	"crypto"
 	"crypto/ecdsa"
+	"crypto/sha256"
 	"crypto/x509"
+	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
@@ -31,14 +33,17 @@ const (
 	// maxResponseSize bounds a join response: a JWS is at most pki.MaxJWSSize.
 	maxResponseSize = pki.MaxJWSSize + 64<<10
 	requestTimeout  = 60 * time.Second
+	// maxTPMChallenges bounds the challenges one tpm join answers: one is
+	// expected, a second only after a deferral.
+	maxTPMChallenges = 4
 )
 
 // Request is what a join asks for.
 type Request struct {
 	// Role is node, site or ramdisk.
 	Role string
-	// Attestor is protocol.AttestorJoinToken, AttestorProvisioned or
-	// AttestorDiscovery.
+	// Attestor is protocol.AttestorJoinToken, AttestorProvisioned,
+	// AttestorDiscovery or AttestorTPM.
 	Attestor string
 	// Token is the join token (join-token and provisioned). It is only ever
 	// sealed, never sent or logged in the clear.
@@ -51,6 +56,8 @@ type Request struct {
 	Site string
 	// Claims describe the hardware.
 	Claims protocol.Claims
+	// TPM is the tpm attestor's evidence; Join fills it in with Client.TPM.
+	TPM *protocol.TPMAttestation
 }
 
 // RefusedError is a join the control plane refused and that retrying will not fix.
@@ -93,6 +100,19 @@ type Client struct {
 	OnDeferral func(wait time.Duration, deferrals int)
 	// Keys makes the node key; nil is agent.PKCS8Keys.
 	Keys agent.KeyStore
+	// TPM proves a tpm join: required with protocol.AttestorTPM (Keys must
+	// then make the node key in the same TPM).
+	TPM TPMProver
+}
+
+// TPMProver is the TPM's part of a tpm join (nodekey.Host): round one's
+// evidence for the node key, and the secret of the control plane's challenge.
+type TPMProver interface {
+	// Evidence certifies key (made in the TPM) with csrSHA256, the raw
+	// digest of the CSR's DER, as qualifying data.
+	Evidence(key crypto.Signer, csrSHA256 []byte) (*protocol.TPMAttestation, error)
+	// Activate recovers the challenge's secret (TPM2_ActivateCredential).
+	Activate(ch *protocol.TPMChallenge) ([]byte, error)
 }
 
 func (c *Client) log() *slog.Logger {
@@ -149,6 +169,15 @@ func (c *Client) Join(ctx context.Context, req Request) (*agent.Identity, *agent
 		return nil, nil, errors.New("join: the CSR does not encode")
 	}
 	csrSHA := pki.CSRSHA256(blk.Bytes)
+	if req.Attestor == protocol.AttestorTPM {
+		if c.TPM == nil {
+			return nil, nil, errors.New("join: the tpm attestor needs the TPM")
+		}
+		digest := sha256.Sum256(blk.Bytes)
+		if req.TPM, err = c.TPM.Evidence(key.Signer, digest[:]); err != nil {
+			return nil, nil, fmt.Errorf("join: %w", err)
+		}
+	}
 
 	giveUp := c.GiveUpAfter
 	if giveUp <= 0 {
@@ -159,7 +188,7 @@ func (c *Client) Join(ctx context.Context, req Request) (*agent.Identity, *agent
 		maxDefer = DefaultMaxDeferral
 	}
 	failingSince := time.Time{}
-	attempt, deferrals := 0, 0
+	attempt, deferrals, challenges := 0, 0, 0
 	for {
 		// Sealed afresh for each attempt so its iat is current; the CSR stays
 		// the same, so a deferred join picks up where it was approved.
@@ -170,7 +199,33 @@ func (c *Client) Join(ctx context.Context, req Request) (*agent.Identity, *agent
 		resp, err := c.post(ctx, client, body)
 		var retry *retryableError
 		switch {
+		case err == nil && resp.Signed == "" && resp.TPMChallenge != nil:
+			// Round two of a tpm join: only the TPM with the EK and the AK
+			// recovers the secret.
+			if req.TPM == nil {
+				return nil, nil, errors.New("refusing the join response: a TPM challenge to a join that is not tpm")
+			}
+			if challenges++; challenges > maxTPMChallenges {
+				return nil, nil, fmt.Errorf("refusing the join response: %d TPM challenges in a row", challenges)
+			}
+			secret, err := c.TPM.Activate(resp.TPMChallenge)
+			if err != nil {
+				return nil, nil, fmt.Errorf("join: %w", err)
+			}
+			next := *req.TPM
+			next.ChallengeID, next.Secret = resp.TPMChallenge.ID, base64.StdEncoding.EncodeToString(secret)
+			req.TPM = &next
+			c.log().Info("answered the control plane's TPM challenge; joining with it")
+			continue
 		case err == nil && resp.Signed == "" && resp.RetryAfterS > 0:
+			if req.TPM != nil {
+				// A deferred tpm join starts again at round one: a challenge's
+				// life is short, an approval may take longer.
+				first := *req.TPM
+				first.ChallengeID, first.Secret = "", ""
+				req.TPM = &first
+				challenges = 0
+			}
 			failingSince, attempt = time.Time{}, 0
 			d := time.Duration(resp.RetryAfterS) * time.Second
 			if d > maxDefer {
@@ -226,6 +281,13 @@ func checkRequest(req Request) error {
 		case len(req.Claims.MACs) == 0:
 			return errors.New("join: the discovery attestor needs the machine's MACs in the claims")
 		}
+	case protocol.AttestorTPM:
+		switch {
+		case req.Role != protocol.RoleNode:
+			return fmt.Errorf("join: the tpm attestor joins role node, not %q", req.Role)
+		case req.Token != "":
+			return errors.New("join: the tpm attestor takes no token")
+		}
 	default:
 		if req.Role == protocol.RoleRamdisk {
 			return fmt.Errorf("join: role ramdisk joins with the discovery attestor, not %q", req.Attestor)
@@ -245,6 +307,7 @@ func (c *Client) request(req Request, csrPEM, csrSHA string) ([]byte, error) {
 		BootNonce:       req.BootNonce,
 		Site:            req.Site,
 		DaemonVersion:   version.Version,
+		TPM:             req.TPM,
 	}
 	if req.Token != "" {
 		plain, err := json.Marshal(protocol.SealedToken{Token: req.Token, CSRSHA256: csrSHA, IssuedAt: time.Now().Unix()})

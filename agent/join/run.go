@@ -75,6 +75,10 @@ type Options struct {
 	Now func() time.Time
 	// Keys makes and loads the node key; nil is agent.PKCS8Keys.
 	Keys agent.KeyStore
+	// TPM is the host's TPM (nodekey.Host), nil for none: the tpm
+	// attestor's evidence and the EK claim. With --attestor tpm, Keys must
+	// make the node key in it.
+	TPM HostTPM
 }
 
 func (o *Options) defaults() {
@@ -132,8 +136,14 @@ func (o *Options) check() error {
 			return cli.Usagef("bcd join: --attestor provisioned needs --node-id")
 		}
 	case protocol.AttestorTPM:
-		// The flag is accepted so that a unit written for a later bcd fails
-		// with a clear reason rather than a usage error.
+		switch {
+		case o.NodeID != "":
+			return cli.Usagef("bcd join: --node-id goes with --attestor provisioned, not tpm")
+		case o.TokenFile != "":
+			return cli.Usagef("bcd join: --attestor tpm takes no token (--token-file)")
+		case o.Role != protocol.RoleNode:
+			return cli.Usagef("bcd join: --attestor tpm joins role node, not %s", o.Role)
+		}
 	default:
 		return cli.Usagef("bcd join: --attestor %q: want join-token, provisioned or tpm", o.Attestor)
 	}
@@ -220,17 +230,43 @@ func Run(ctx context.Context, o Options) error {
 		return cli.Exit(1, fmt.Errorf("bcd join: the identity in %s does not load (%v); to join again: %s", dataDir, err, ResetHint))
 	}
 
+	claims := o.Claims(ctx)
+	var token string
+	var prover TPMProver
 	if o.Attestor == protocol.AttestorTPM {
-		return cli.Exit(1, errors.New("bcd join: the tpm attestor is not implemented in this bcd build; join with a token (BCD_JOIN_TOKEN, standard input or --token-file)"))
+		// No token: the TPM proves the machine. The node key must be made in
+		// the same TPM the evidence comes from.
+		if o.TPM == nil {
+			return cli.Exit(1, errors.New("bcd join: --attestor tpm: this bcd has no TPM access"))
+		}
+		ek, err := o.TPM.EKClaim()
+		switch {
+		case err != nil:
+			return cli.Exit(1, fmt.Errorf("bcd join: --attestor tpm: reading the endorsement key: %w", err))
+		case ek == "":
+			return cli.Exit(1, fmt.Errorf("bcd join: --attestor tpm needs a TPM, and this host has none (%s)", o.TPM.Where()))
+		}
+		claims.TPMEK, prover = ek, o.TPM
+	} else {
+		t, from, err := TokenSource{File: o.TokenFile, Env: o.Getenv(EnvToken), Stdin: o.Stdin}.Read()
+		if errors.Is(err, ErrNoToken) {
+			return cli.Usagef("bcd join: %v", err)
+		}
+		if err != nil {
+			return cli.Exit(1, fmt.Errorf("bcd join: %w", err))
+		}
+		o.Logger.Debug("read the join token", "from", from)
+		token = t
+		if o.TPM != nil {
+			// The EK, where there is one, lets a later join of this hardware
+			// reclaim its node.
+			if ek, err := o.TPM.EKClaim(); err == nil {
+				claims.TPMEK = ek
+			} else {
+				o.Logger.Warn("the TPM's endorsement key does not read; joining without it", "err", err)
+			}
+		}
 	}
-	token, from, err := TokenSource{File: o.TokenFile, Env: o.Getenv(EnvToken), Stdin: o.Stdin}.Read()
-	if errors.Is(err, ErrNoToken) {
-		return cli.Usagef("bcd join: %v", err)
-	}
-	if err != nil {
-		return cli.Exit(1, fmt.Errorf("bcd join: %w", err))
-	}
-	o.Logger.Debug("read the join token", "from", from)
 
 	s, err := resolve(ctx, o, cfg)
 	if err != nil {
@@ -251,7 +287,7 @@ func Run(ctx context.Context, o Options) error {
 		Logger:        o.Logger,
 		Keys:          o.Keys,
 	}
-	claims := o.Claims(ctx)
+	client.TPM = prover
 	id, key, err := client.Join(ctx, Request{
 		Role:     o.Role,
 		Attestor: o.Attestor,
@@ -281,6 +317,15 @@ func Run(ctx context.Context, o Options) error {
 	}
 	fmt.Fprintf(o.Stdout, "joined as %s (role %s, site %s)\n", id.NodeID, id.Role, orNone(id.Site))
 	return removeTokenFile(o)
+}
+
+// HostTPM is the host's TPM as bcd join uses it (nodekey.Host).
+type HostTPM interface {
+	TPMProver
+	// EKClaim is the EK's PEM public key, "" when the host has no TPM.
+	EKClaim() (string, error)
+	// Where names the TPM in messages.
+	Where() string
 }
 
 func orNone(s string) string {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/better-compute/bcd/agent"
 	"github.com/better-compute/bcd/agent/join"
+	"github.com/better-compute/bcd/agent/nodekey"
 	"github.com/better-compute/bcd/config"
 	"github.com/better-compute/bcd/internal/buildmode"
 	"github.com/better-compute/bcd/internal/cli"
@@ -40,6 +41,11 @@ and exits 0 without reading a token.`,
 				return err
 			}
 			o.FakeHW = buildmode.FakeHW
+			// One Host for the key and the evidence: a tpm join's node key
+			// must be in the TPM that certifies it.
+			host := &nodekey.Host{Logger: logger, RequireTPM: o.Attestor == protocol.AttestorTPM}
+			defer host.Close()
+			o.Keys, o.TPM = host, host
 			o.Stdin = cmd.InOrStdin()
 			o.Stdout = cmd.OutOrStdout()
 			o.Logger = logger
@@ -53,7 +59,7 @@ and exits 0 without reading a token.`,
 	f.StringVar(&o.ConfigPath, "config", config.DefaultPath, "config.toml; join-encryption.jwk is read from (or, bootstrapping, written to) its directory")
 	f.StringVar(&o.DataDir, "data-dir", "", "where node.key and identity.json go (default: data_dir from config.toml, else "+config.DefaultDataDir+")")
 	f.StringVar(&o.Role, "role", protocol.RoleNode, "role to join as: node or site")
-	f.StringVar(&o.Attestor, "attestor", "", "how to prove the machine may join: join-token (default), provisioned (with --node-id) or tpm (not implemented yet)")
+	f.StringVar(&o.Attestor, "attestor", "", "how to prove the machine may join: join-token (default), provisioned (with --node-id) or tpm (the TPM proves the machine; no token)")
 	f.StringVar(&o.NodeID, "node-id", "", "the node an installed OS was provisioned as (attestor provisioned; still needs its token)")
 	f.StringVar(&o.TokenFile, "token-file", "", "read the token from this file (mode 0600 or 0400, at most 4 KiB); deleted once used")
 	f.StringVar(&o.Server, "server", "", "control plane URL: fetch <server>/.well-known/better-compute when config.toml or join-encryption.jwk is missing")

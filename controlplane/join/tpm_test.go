@@ -9,10 +9,6 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
-	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -21,7 +17,7 @@ import (
 	"github.com/better-compute/bcd/controlplane/apitype"
 	"github.com/better-compute/bcd/controlplane/cptest"
 	"github.com/better-compute/bcd/controlplane/store"
-	"github.com/better-compute/bcd/internal/testenv"
+	"github.com/better-compute/bcd/internal/swtpmtest"
 	"github.com/better-compute/bcd/pki"
 	"github.com/better-compute/bcd/pki/tpmattest"
 	"github.com/better-compute/bcd/protocol"
@@ -34,65 +30,13 @@ import (
 // startSwtpm starts swtpm on a fresh state (so a new EK) and opens it.
 func startSwtpm(t *testing.T) *tpm.TPM {
 	t.Helper()
-	bin := testenv.NeedTool(t, "swtpm")
-	state := filepath.Join(t.TempDir(), "state")
-	if err := os.Mkdir(state, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	for attempt := 0; ; attempt++ {
-		port, ctrl := freePort(t), freePort(t)
-		cmd := exec.Command(bin, "socket", "--tpm2",
-			"--server", fmt.Sprintf("type=tcp,port=%d,bindaddr=127.0.0.1", port),
-			"--ctrl", fmt.Sprintf("type=tcp,port=%d,bindaddr=127.0.0.1", ctrl),
-			"--tpmstate", "dir="+state, "--flags", "not-need-init,startup-clear")
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatalf("starting swtpm: %v", err)
-		}
-		exited := make(chan struct{})
-		go func() { cmd.Wait(); close(exited) }()
-		addr := fmt.Sprintf("127.0.0.1:%d", port)
-		if listening(addr, exited) {
-			t.Cleanup(func() { cmd.Process.Kill(); <-exited })
-			tp, err := tpm.OpenTCP(addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { tp.Close() })
-			return tp
-		}
-		cmd.Process.Kill()
-		<-exited
-		if attempt == 3 {
-			t.Fatal("swtpm did not listen within 10s")
-		}
-	}
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	sw := swtpmtest.Start(t, false)
+	tp, err := tpm.OpenTCP(sw.Addr())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-func listening(addr string, exited chan struct{}) bool {
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
-		select {
-		case <-exited:
-			return false
-		default:
-		}
-		if c, err := net.Dial("tcp", addr); err == nil {
-			c.Close()
-			return true
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return false
+	t.Cleanup(func() { tp.Close() })
+	return tp
 }
 
 // tpmNode is a node joining with its TPM: the node key in the TPM, its CSR,

@@ -20,10 +20,12 @@ import (
 )
 
 var (
-	binDir   string
-	bcdBin   string
-	bcBin    string
-	buildErr error
+	binDir string
+	bcdBin string
+	bcBin  string
+	// bcdFakeBin is bcd built with -tags fakehw.
+	bcdFakeBin string
+	buildErr   error
 )
 
 func TestMain(m *testing.M) {
@@ -35,8 +37,15 @@ func TestMain(m *testing.M) {
 	binDir = dir
 	bcdBin = filepath.Join(dir, "bcd")
 	bcBin = filepath.Join(dir, "better-compute")
-	for bin, pkg := range map[string]string{bcdBin: "../../cmd/bcd", bcBin: "../../cmd/better-compute"} {
-		cmd := exec.Command("go", "build", "-ldflags", "-X github.com/better-compute/bcd/internal/version.Version=0.0.0-e2e", "-o", bin, pkg)
+	bcdFakeBin = filepath.Join(dir, "bcd-fakehw")
+	for _, b := range []struct{ bin, pkg, tags string }{
+		{bcdBin, "../../cmd/bcd", ""}, {bcBin, "../../cmd/better-compute", ""},
+		// A fakehw bcd reaches swtpm over TCP (nodekey.EnvTPMTCP); a host build
+		// only opens /dev/tpmrm0.
+		{bcdFakeBin, "../../cmd/bcd", "fakehw"},
+	} {
+		bin, pkg := b.bin, b.pkg
+		cmd := exec.Command("go", "build", "-tags="+b.tags, "-ldflags", "-X github.com/better-compute/bcd/internal/version.Version=0.0.0-e2e", "-o", bin, pkg)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
@@ -197,6 +206,7 @@ type nodeRow struct {
 	Connected     bool   `json:"connected"`
 	DaemonVersion string `json:"daemon_version"`
 	SessionID     int64  `json:"session_id"`
+	Pool          string `json:"pool"`
 }
 
 func (cp *controlPlane) nodes() []nodeRow {
@@ -270,9 +280,15 @@ func (r result) String() string {
 // bcd runs the agent binary with env and stdin, and waits for it.
 func bcd(t *testing.T, env []string, stdin string, args ...string) result {
 	t.Helper()
+	return run(t, bcdBin, env, stdin, args...)
+}
+
+// run runs bin (bcdBin or bcdFakeBin) with env and stdin, and waits for it.
+func run(t *testing.T, bin string, env []string, stdin string, args ...string) result {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bcdBin, args...)
+	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = append(append(os.Environ(), "BCD_JOIN_TOKEN="), env...)
 	cmd.Stdin = strings.NewReader(stdin)
 	var stdout, stderr bytes.Buffer
@@ -296,7 +312,14 @@ type agentProcess struct {
 
 func startAgent(t *testing.T, args ...string) *agentProcess {
 	t.Helper()
-	p := &agentProcess{cmd: exec.Command(bcdBin, args...), log: &syncBuffer{}, done: make(chan struct{})}
+	return startAgentBin(t, bcdBin, nil, args...)
+}
+
+// startAgentBin starts bin with env added to the test's environment.
+func startAgentBin(t *testing.T, bin string, env []string, args ...string) *agentProcess {
+	t.Helper()
+	p := &agentProcess{cmd: exec.Command(bin, args...), log: &syncBuffer{}, done: make(chan struct{})}
+	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
