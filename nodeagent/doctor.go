@@ -127,6 +127,12 @@ func DoctorChecks(path string, o DoctorOptions) []Check {
 			id, err := identity()
 			return checkIdentity(DataDir(cfg), id, err, o.Now(), o.ExpiryWarning)
 		}),
+		CheckFunc("tpm", func(context.Context) Result {
+			if cfgErr != nil {
+				return Result{Fail, "config.toml does not load, so data_dir and [helper] are unknown"}
+			}
+			return checkTPM(cfg, hostTPMFiles)
+		}),
 		CheckFunc("gateway", func(ctx context.Context) Result {
 			if cfgErr != nil {
 				return Result{Fail, "config.toml does not load, so the gateway is unknown"}

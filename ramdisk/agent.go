@@ -16,6 +16,7 @@ import (
 	"github.com/better-compute/bcd/agent"
 	"github.com/better-compute/bcd/agent/join"
 	"github.com/better-compute/bcd/agent/journal"
+	"github.com/better-compute/bcd/agent/nodekey"
 	"github.com/better-compute/bcd/deploy"
 	"github.com/better-compute/bcd/internal/version"
 	"github.com/better-compute/bcd/protocol"
@@ -390,9 +391,17 @@ func (a *Agent) claims(ctx context.Context) protocol.Claims {
 	return Claims(ctx)
 }
 
-// Claims reads this machine's claims.
+// Claims reads this machine's claims, with its TPM's endorsement key where
+// it has one: discovery can then tie the ramdisk and the installed OS (whose
+// joins carry the same EK) to the same hardware, and an operator enrolls the
+// EK from the machine's inventory (better-compute machines enroll-tpm).
 func Claims(ctx context.Context) protocol.Claims {
 	c := agent.ClaimsSource{}.Collect(ctx)
+	host := &nodekey.Host{}
+	if ek, err := host.EKClaim(); err == nil {
+		c.TPMEK = ek
+	}
+	host.Close()
 	if disks, err := (deploy.SysBlock{}).List(); err == nil {
 		c.Disks = c.Disks[:0]
 		for _, d := range disks {
