@@ -109,14 +109,14 @@ type Node struct {
 	// SubjectPublicKeyInfo. PrevCertSerial is the certificate a renewal
 	// replaced ("" after a join): the node holds it until it has stored the
 	// renewal's answer, and may ask again with it for the same key.
-	CertKeySHA256  string `json:"cert_key_sha256,omitempty"`
-	PrevCertSerial string `json:"prev_cert_serial,omitempty"`
-	State        string    `json:"state"`
-	Cordoned     bool      `json:"cordoned"`
-	CreatedAt    time.Time `json:"created_at"`
-	UpdatedAt    time.Time `json:"updated_at"`
-	JoinedAt     time.Time `json:"joined_at"`
-	DeletedAt    time.Time `json:"deleted_at,omitzero"`
+	CertKeySHA256  string    `json:"cert_key_sha256,omitempty"`
+	PrevCertSerial string    `json:"prev_cert_serial,omitempty"`
+	State          string    `json:"state"`
+	Cordoned       bool      `json:"cordoned"`
+	CreatedAt      time.Time `json:"created_at"`
+	UpdatedAt      time.Time `json:"updated_at"`
+	JoinedAt       time.Time `json:"joined_at"`
+	DeletedAt      time.Time `json:"deleted_at,omitzero"`
 	// SessionID is the node's open gateway session, 0 when it has none.
 	SessionID     int64     `json:"session_id,omitempty"`
 	DaemonVersion string    `json:"daemon_version,omitempty"`
