@@ -66,6 +66,8 @@ type controlPlane struct {
 	log       *syncBuffer
 	cmd       *exec.Cmd
 	done      chan struct{}
+	// extra are more serve flags (--cert-lifetime).
+	extra []string
 }
 
 type syncBuffer struct {
@@ -85,14 +87,14 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-func newControlPlane(t *testing.T) *controlPlane {
+func newControlPlane(t *testing.T, serveFlags ...string) *controlPlane {
 	t.Helper()
 	if buildErr != nil {
 		t.Fatal(buildErr)
 	}
 	dir := t.TempDir()
 	cp := &controlPlane{t: t, pki: filepath.Join(dir, "pki"), data: filepath.Join(dir, "data"),
-		api: freePort(t), gw: freePort(t), tokenFile: filepath.Join(dir, "operator-token")}
+		api: freePort(t), gw: freePort(t), tokenFile: filepath.Join(dir, "operator-token"), extra: serveFlags}
 	if out, err := exec.Command(bcBin, "pki", "init", cp.pki).CombinedOutput(); err != nil {
 		t.Fatalf("pki init: %v\n%s", err, out)
 	}
@@ -106,6 +108,7 @@ func (cp *controlPlane) start() {
 	cp.log = &syncBuffer{}
 	cp.cmd = exec.Command(bcBin, "serve", "--pki", cp.pki, "--data", cp.data, "--listen", cp.api,
 		"--gateway-listen", cp.gw, "--operator-token-file", cp.tokenFile)
+	cp.cmd.Args = append(cp.cmd.Args, cp.extra...)
 	pr, pw := io.Pipe()
 	cp.cmd.Stdout = io.MultiWriter(cp.log, pw)
 	cp.cmd.Stderr = cp.log
@@ -197,6 +200,8 @@ type nodeRow struct {
 	Connected     bool   `json:"connected"`
 	DaemonVersion string `json:"daemon_version"`
 	SessionID     int64  `json:"session_id"`
+	// CertNotAfter is the node certificate's expiry as the store has it.
+	CertNotAfter time.Time `json:"cert_not_after"`
 }
 
 func (cp *controlPlane) nodes() []nodeRow {
@@ -296,7 +301,14 @@ type agentProcess struct {
 
 func startAgent(t *testing.T, args ...string) *agentProcess {
 	t.Helper()
-	p := &agentProcess{cmd: exec.Command(bcdBin, args...), log: &syncBuffer{}, done: make(chan struct{})}
+	return startAgentWith(t, bcdBin, nil, args...)
+}
+
+// startAgentWith starts bin (bcdBin or a fakehw build) with env added.
+func startAgentWith(t *testing.T, bin string, env []string, args ...string) *agentProcess {
+	t.Helper()
+	p := &agentProcess{cmd: exec.Command(bin, args...), log: &syncBuffer{}, done: make(chan struct{})}
+	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
