@@ -23,6 +23,9 @@ import (
 const (
 	KeyFile      = "node.key"
 	IdentityFile = "identity.json"
+	// KeyNextFile is the next key while a renewal runs: written before the
+	// request, promoted to node.key once the new certificate is stored.
+	KeyNextFile = "node.key.next"
 )
 
 // identityVersion is the format of identity.json. A reader takes files of this
@@ -60,10 +63,26 @@ type Identity struct {
 	ServerName string `json:"server_name,omitempty"`
 	// JoinedAt is when the join answered.
 	JoinedAt time.Time `json:"joined_at"`
+	// CertIssuedAt is when the control plane issued the certificate (the
+	// answer's iat); renewal counts the lifetime from it.
+	CertIssuedAt time.Time `json:"cert_issued_at,omitzero"`
+	// RenewedAt is when the certificate was last renewed.
+	RenewedAt time.Time `json:"renewed_at,omitzero"`
+	// Next is a renewal's certificate, stored before node.key.next is promoted
+	// (see Renewer): until then CertChain and node.key are still a working pair.
+	Next *PendingCert `json:"next,omitempty"`
 
 	key    crypto.Signer
 	chain  []*x509.Certificate
 	bundle []*x509.Certificate
+}
+
+// PendingCert is a renewed certificate for node.key.next, not yet promoted.
+type PendingCert struct {
+	CertChain    string    `json:"cert_chain"`
+	TrustBundle  string    `json:"trust_bundle"`
+	CertIssuedAt time.Time `json:"cert_issued_at,omitzero"`
+	RenewedAt    time.Time `json:"renewed_at"`
 }
 
 // Key is the node's key (nil for an identity that was only decoded). It is a
@@ -203,6 +222,9 @@ func LoadIdentity(dataDir string, keys KeyStore) (*Identity, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", dataDir, err)
 	}
+	if next := loadPending(dataDir, id, keys); next != nil {
+		return next.id, nil
+	}
 	keyPath := filepath.Join(dataDir, KeyFile)
 	key, err := loadKey(keyPath, keys)
 	if err != nil {
@@ -213,6 +235,48 @@ func LoadIdentity(dataDir string, keys KeyStore) (*Identity, error) {
 	}
 	id.key = key
 	return id, nil
+}
+
+// pending is a renewal that stored its certificate but did not finish: id is the
+// identity it leads to (the renewed certificate, with its key), keyNext says the
+// key is still in node.key.next.
+type pending struct {
+	id      *Identity
+	keyNext bool
+}
+
+// loadPending finds the key of the renewed certificate id.Next carries: in
+// node.key.next (a crash before the promotion) or already in node.key (a crash
+// after it, before identity.json was rewritten). Nil when id has no Next or its
+// key is in neither: then CertChain and node.key are the pair.
+func loadPending(dataDir string, id *Identity, keys KeyStore) *pending {
+	if id.Next == nil {
+		return nil
+	}
+	next := promoted(id)
+	if err := next.check(); err != nil {
+		return nil
+	}
+	for _, c := range []struct {
+		file    string
+		keyNext bool
+	}{{KeyNextFile, true}, {KeyFile, false}} {
+		key, err := loadKey(filepath.Join(dataDir, c.file), keys)
+		if err == nil && SamePublicKey(key.Public(), next.Leaf().PublicKey) {
+			next.key = key
+			return &pending{id: next, keyNext: c.keyNext}
+		}
+	}
+	return nil
+}
+
+// promoted is id with its pending certificate made the current one.
+func promoted(id *Identity) *Identity {
+	next := *id
+	next.CertChain, next.TrustBundle = id.Next.CertChain, id.Next.TrustBundle
+	next.CertIssuedAt, next.RenewedAt = id.Next.CertIssuedAt, id.Next.RenewedAt
+	next.Next, next.key, next.chain, next.bundle = nil, nil, nil, nil
+	return &next
 }
 
 // loadKey reads a node key file (node.key or node.key.next) and loads it with keys.
@@ -243,21 +307,30 @@ func SaveIdentity(dataDir string, id *Identity, key *NodeKey) error {
 	if !SamePublicKey(key.Signer.Public(), id.Leaf().PublicKey) {
 		return errors.New("save identity: the key is not the one the node certificate certifies")
 	}
-	data, err := json.MarshalIndent(id, "", "  ")
-	if err != nil {
-		return fmt.Errorf("save identity: %w", err)
-	}
 	if err := os.MkdirAll(dataDir, 0o700); err != nil {
 		return fmt.Errorf("save identity: %w", err)
 	}
 	if err := pki.WriteFileAtomic(filepath.Join(dataDir, KeyFile), key.File, 0o600); err != nil {
 		return fmt.Errorf("save identity: %w", err)
 	}
-	if err := pki.WriteFileAtomic(filepath.Join(dataDir, IdentityFile), append(data, '\n'), 0o600); err != nil {
+	if err := writeIdentityFile(dataDir, id); err != nil {
+		return fmt.Errorf("save identity: %w", err)
+	}
+	// A next key left by an earlier identity's renewal is not this one's.
+	if err := os.Remove(filepath.Join(dataDir, KeyNextFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("save identity: %w", err)
 	}
 	id.key = key.Signer
 	return nil
+}
+
+// writeIdentityFile writes identity.json (0600) atomically.
+func writeIdentityFile(dataDir string, id *Identity) error {
+	data, err := json.MarshalIndent(id, "", "  ")
+	if err != nil {
+		return err
+	}
+	return pki.WriteFileAtomic(filepath.Join(dataDir, IdentityFile), append(data, '\n'), 0o600)
 }
 
 // readLimited reads a regular file of at most limit bytes. private refuses a file

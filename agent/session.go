@@ -61,6 +61,10 @@ type Session struct {
 	Proxy *url.URL
 	// Identity is the node certificate and key the session authenticates with.
 	Identity *Identity
+	// Current, if set, returns the identity to present at each connection (a
+	// Renewer's Current), so a renewed certificate is used from the next
+	// connection on; nil presents Identity.
+	Current func() *Identity
 	// Journal holds every status and event until the gateway acknowledges it.
 	Journal *journal.Journal
 	// Handlers run commands by kind. A kind without a handler, or one the role
@@ -177,7 +181,11 @@ func (s *Session) sessionURL() string {
 }
 
 func (s *Session) httpClient() (*http.Client, error) {
-	cfg, err := ClientTLSConfig(s.Identity, s.ServingCAPin, s.ServerName)
+	current := s.Current
+	if current == nil {
+		current = func() *Identity { return s.Identity }
+	}
+	cfg, err := ClientTLSConfigFor(current, s.ServingCAPin, s.ServerName)
 	if err != nil {
 		return nil, fmt.Errorf("session: %w", err)
 	}

@@ -62,6 +62,18 @@ type SessionStatus struct {
 	Pending     int       `json:"pending"`
 	LastWelcome time.Time `json:"last_welcome,omitzero"`
 	LastError   string    `json:"last_error,omitempty"`
+	// CertNotAfter is the node certificate's expiry; Renewal is "" while its
+	// renewal is well, "refused: CODE: message" or "failing: error" otherwise,
+	// and NextRenewal when the next attempt is due.
+	CertNotAfter time.Time `json:"cert_not_after,omitzero"`
+	Renewal      string    `json:"renewal,omitempty"`
+	NextRenewal  time.Time `json:"next_renewal,omitzero"`
+}
+
+// WithRenewal adds the renewal's state to the status.
+func (s SessionStatus) WithRenewal(r RenewalStatus) SessionStatus {
+	s.CertNotAfter, s.Renewal, s.NextRenewal = r.NotAfter, r.State, r.Next
+	return s
 }
 
 // NewSessionStatus is the status of an agent with identity id, in site, talking
@@ -74,6 +86,6 @@ func NewSessionStatus(id *Identity, site, gateway, bootID string, st SessionStat
 	return SessionStatus{
 		NodeID: id.NodeID, Role: id.Role, Site: site, State: state, Connected: st.Connected,
 		Gateway: gateway, Version: version.Version, BootID: bootID, Pending: st.Pending,
-		LastWelcome: st.LastWelcome, LastError: st.LastError,
+		LastWelcome: st.LastWelcome, LastError: st.LastError, CertNotAfter: id.Leaf().NotAfter,
 	}
 }

@@ -112,12 +112,19 @@ func VerifyPinnedChain(certs []*x509.Certificate, pin, serverName string, now ti
 // so a refusal comes from the gateway with a reason instead of a silent empty
 // certificate.
 func ClientTLSConfig(id *Identity, servingCAPin, serverName string) (*tls.Config, error) {
+	return ClientTLSConfigFor(func() *Identity { return id }, servingCAPin, serverName)
+}
+
+// ClientTLSConfigFor is ClientTLSConfig presenting, at each handshake, the
+// identity current returns: a renewed certificate is used from the next
+// connection on.
+func ClientTLSConfigFor(current func() *Identity, servingCAPin, serverName string) (*tls.Config, error) {
 	cfg, err := PinnedTLSConfig(servingCAPin, serverName)
 	if err != nil {
 		return nil, err
 	}
-	cert := id.TLSCertificate()
 	cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+		cert := current().TLSCertificate()
 		return &cert, nil
 	}
 	return cfg, nil

@@ -43,6 +43,10 @@ const (
 	EnvGatewayServerName = "BETTER_COMPUTE_GATEWAY_SERVER_NAME"
 )
 
+// MinCertLifetime is the shortest node certificate lifetime serve takes: a node
+// renews at two thirds of it, so less leaves no room for a retry.
+const MinCertLifetime = time.Minute
+
 // servingCertTTL is the lifetime of the serving certificate the server
 // issues itself; it is reissued when a third of it is left.
 const servingCertTTL = 90 * 24 * time.Hour
@@ -89,6 +93,10 @@ type Server struct {
 	// LifecycleTick is how often running deployments are looked at; 0
 	// means lifecycle.DefaultTick.
 	LifecycleTick time.Duration
+	// CertLifetime is the lifetime of the node certificates a join or a
+	// renewal issues; 0 means join.DefaultCertTTL. Start refuses one under
+	// MinCertLifetime.
+	CertLifetime time.Duration
 
 	bundle     *pki.Bundle
 	store      store.Store
@@ -160,6 +168,9 @@ func (s *Server) Start() (err error) {
 	}
 	if (s.TLSCertFile == "") != (s.TLSKeyFile == "") {
 		return errors.New("serve: give both --tls-cert and --tls-key, or neither")
+	}
+	if s.CertLifetime != 0 && s.CertLifetime < MinCertLifetime {
+		return fmt.Errorf("serve: --cert-lifetime %s is under the minimum %s", s.CertLifetime, MinCertLifetime)
 	}
 	timeouts, err := lifecycle.ParseTimeouts(firstOf(s.LifecycleTimeouts, os.Getenv(lifecycle.EnvTimeouts)))
 	if err != nil {
@@ -241,10 +252,12 @@ func (s *Server) Start() (err error) {
 			protocol.AttestorDiscovery:   join.NewDiscoveryAttestor(s.store),
 			protocol.AttestorTPM:         join.NewTPMAttestor(s.store, join.TPMOptions{Bundle: s.bundle}),
 		},
-		Logger: s.log().With("component", "join"),
+		CertTTL: s.CertLifetime,
+		Logger:  s.log().With("component", "join"),
 	}
 	s.gw = &gateway.Server{
 		Joiner:       joinSvc,
+		Renewer:      joinSvc,
 		Store:        s.store,
 		Specs:        &machines.Specs{Store: s.store, GatewayURL: s.gatewayURL},
 		Events:       &machines.Events{Store: s.store, Logger: s.log().With("component", "machines")},

@@ -89,7 +89,8 @@ type DoctorOptions struct {
 	ParseOptions config.ParseOptions
 	// GatewayTimeout bounds the gateway check; 0 means 5 seconds.
 	GatewayTimeout time.Duration
-	// ExpiryWarning warns about a certificate that expires sooner; 0 means 7 days.
+	// ExpiryWarning warns about a certificate that expires sooner; 0 means
+	// within the last third of its lifetime (past the point it renews at).
 	ExpiryWarning time.Duration
 	// Now is the clock certificates are judged by; nil means time.Now.
 	Now func() time.Time
@@ -100,9 +101,6 @@ type DoctorOptions struct {
 func DoctorChecks(path string, o DoctorOptions) []Check {
 	if o.GatewayTimeout <= 0 {
 		o.GatewayTimeout = 5 * time.Second
-	}
-	if o.ExpiryWarning <= 0 {
-		o.ExpiryWarning = 7 * 24 * time.Hour
 	}
 	if o.Now == nil {
 		o.Now = time.Now
@@ -171,8 +169,17 @@ func checkIdentity(dataDir string, id *agent.Identity, err error, now time.Time,
 		return Result{Fail, fmt.Sprintf("the certificate of %s %s expired at %s; to join again: %s", id.Role, id.NodeID, until, ResetHint)}
 	case now.Before(leaf.NotBefore):
 		return Result{Fail, fmt.Sprintf("the certificate of %s %s is not valid before %s: is the clock right?", id.Role, id.NodeID, leaf.NotBefore.UTC().Format(time.RFC3339))}
-	case leaf.NotAfter.Sub(now) < warnBefore:
-		return Result{Warn, fmt.Sprintf("%s %s: the certificate expires soon, at %s", id.Role, id.NodeID, until)}
+	}
+	lastThird := warnBefore <= 0
+	if lastThird {
+		warnBefore = agent.CertLifetime(id) / 3
+	}
+	if leaf.NotAfter.Sub(now) < warnBefore {
+		why := ""
+		if lastThird {
+			why = " (in the last third of its lifetime: it should have been renewed at two thirds; see renewal on bcd node's status socket)"
+		}
+		return Result{Warn, fmt.Sprintf("%s %s: the certificate expires soon, at %s%s", id.Role, id.NodeID, until, why)}
 	}
 	site := id.Site
 	if site == "" {

@@ -95,10 +95,18 @@ func TestDoctorIdentity(t *testing.T) {
 		t.Errorf("expired: %+v", res["identity"])
 	}
 
-	// Expiring soon.
+	// A fresh one-hour certificate is fine; within its last third it warns.
 	res, _, _ = runDoctor(t, f.cfgPath, DoctorOptions{})
-	if res["identity"].Level != Warn {
-		t.Errorf("a one-hour certificate: %+v, want a warning", res["identity"])
+	if res["identity"].Level != OK || !strings.Contains(res["identity"].Detail, "certificate valid until") {
+		t.Errorf("a fresh one-hour certificate: %+v, want ok with its expiry", res["identity"])
+	}
+	res, _, _ = runDoctor(t, f.cfgPath, DoctorOptions{Now: func() time.Time { return time.Now().Add(25 * time.Minute) }})
+	if res["identity"].Level != OK {
+		t.Errorf("a one-hour certificate 25 minutes in: %+v, want ok", res["identity"])
+	}
+	res, _, _ = runDoctor(t, f.cfgPath, DoctorOptions{Now: func() time.Time { return time.Now().Add(45 * time.Minute) }})
+	if res["identity"].Level != Warn || !strings.Contains(res["identity"].Detail, "last third") {
+		t.Errorf("a one-hour certificate 45 minutes in: %+v, want a warning", res["identity"])
 	}
 }
 

@@ -36,12 +36,19 @@ type Node struct {
 	PingInterval, PingTimeout time.Duration
 	// Listening, if set, is called with the status socket's path once it serves.
 	Listening func(path string)
+	// Keys loads and makes the node key; nil is agent.PKCS8Keys.
+	Keys agent.KeyStore
+	// RenewHook, if set, is the certificate Renewer's Hook (tests).
+	RenewHook func(step string)
+	// RenewBackoff spaces retries of a failed renewal (zero: the default).
+	RenewBackoff agent.Backoff
 
 	log      *slog.Logger
 	rebooter Rebooter
 	id       *agent.Identity
 	journal  *journal.Journal
 	session  *agent.Session
+	renewer  *agent.Renewer
 	bootID   string
 	// pending is a node.reboot an earlier process started; finishReboot settles
 	// it on the first Welcome.
@@ -90,7 +97,12 @@ func (n *Node) Run(ctx context.Context) error {
 		return errors.New("bcd node: config.toml needs gateway_url and serving_ca_spki_pin")
 	}
 	dataDir := DataDir(c)
-	id, err := agent.LoadIdentity(dataDir, &nodekey.Host{Logger: n.Logger})
+	if n.Keys == nil {
+		// The host's: the node key in its TPM where node.key says so, and
+		// the renewal's next key made the same way.
+		n.Keys = &nodekey.Host{Logger: n.Logger}
+	}
+	id, err := agent.LoadIdentity(dataDir, n.Keys)
 	switch {
 	case errors.Is(err, agent.ErrNotJoined):
 		return fmt.Errorf("bcd node: this machine has not joined (no %s in %s): run bcd join first", agent.IdentityFile, dataDir)
@@ -133,6 +145,11 @@ func (n *Node) Run(ctx context.Context) error {
 		}
 	}
 
+	n.renewer = &agent.Renewer{
+		DataDir: dataDir, Keys: n.Keys, Identity: id,
+		GatewayURL: c.GatewayURL, ServerName: serverName, ServingCAPin: c.ServingCASPKIPin, JoinSigningPin: c.JoinSigningKeyPin,
+		Backoff: n.RenewBackoff, Logger: n.log, Hook: n.RenewHook,
+	}
 	claimsFn := n.Claims
 	if claimsFn == nil {
 		claimsFn = agent.ClaimsSource{}.Collect
@@ -143,6 +160,7 @@ func (n *Node) Run(ctx context.Context) error {
 		ServerName:   serverName,
 		ServingCAPin: c.ServingCASPKIPin,
 		Identity:     id,
+		Current:      n.renewer.Current,
 		Journal:      j,
 		Handlers:     map[string]agent.Handler{protocol.KindNodeReboot: n.runReboot},
 		OnWelcome: func(ctx context.Context, w protocol.Welcome, first bool) {
@@ -184,6 +202,9 @@ func (n *Node) Run(ctx context.Context) error {
 	defer stopSession()
 	sessErr := make(chan error, 1)
 	go func() { sessErr <- n.session.Run(sctx) }()
+	renewDone := make(chan struct{})
+	go func() { n.renewer.Run(sctx); close(renewDone) }()
+	defer func() { stopSession(); <-renewDone }()
 	select {
 	case err := <-sessErr:
 		if ctx.Err() != nil {

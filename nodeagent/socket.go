@@ -37,5 +37,6 @@ func newStatusServer(n *Node) *http.Server {
 }
 
 func (n *Node) status() Status {
-	return agent.NewSessionStatus(n.id, n.id.Site, n.Config.GatewayURL, n.bootID, n.session.State())
+	id := n.renewer.Current()
+	return agent.NewSessionStatus(id, id.Site, n.Config.GatewayURL, n.bootID, n.session.State()).WithRenewal(n.renewer.Status())
 }

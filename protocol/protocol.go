@@ -41,6 +41,7 @@ const (
 const (
 	PathJoin      = "/v1/join"
 	PathSession   = "/v1/session"
+	PathRenew     = "/v1/renew"
 	PathWellKnown = "/.well-known/better-compute"
 )
 
@@ -138,6 +139,16 @@ type JoinResult struct {
 	IssuedAt        int64    `json:"iat"`
 }
 
+// RenewRequest is the body of POST /v1/renew, sent over mutual TLS with the node's
+// current certificate: the handshake proves the current key, the CSR the next
+// one. The answer is a JoinResponse whose JoinResult (purpose
+// PurposeJoinResponse) certifies the CSR's key for the same node and role.
+type RenewRequest struct {
+	ProtocolVersion int    `json:"protocol_version"`
+	CSR             string `json:"csr"` // PEM, P-256: the next key
+	DaemonVersion   string `json:"daemon_version,omitempty"`
+}
+
 // ErrorResponse is the body of every refused api or gateway call.
 type ErrorResponse struct {
 	Code      string `json:"code"`
@@ -163,9 +174,12 @@ const (
 	CodeReclaimNotAllowed = "RECLAIM_NOT_ALLOWED"
 	CodeAttestorRefused   = "ATTESTOR_REFUSED"
 	CodeNodeRevoked       = "NODE_REVOKED"
-	CodeUnsupported       = "UNSUPPORTED"
-	CodeUnavailable       = "UNAVAILABLE"
-	CodeInternal          = "INTERNAL"
+	// CodeCertReplaced: a renewal with a certificate a later join or renewal
+	// of the node replaced.
+	CodeCertReplaced = "CERT_REPLACED"
+	CodeUnsupported  = "UNSUPPORTED"
+	CodeUnavailable  = "UNAVAILABLE"
+	CodeInternal     = "INTERNAL"
 	// CodeAlreadyExists refuses creating what exists (a site of that name).
 	CodeAlreadyExists = "ALREADY_EXISTS"
 	// CodeAttestorNotAllowed refuses a join into a pool whose policy

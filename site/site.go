@@ -25,6 +25,10 @@ import (
 type Site struct {
 	// Config is the loaded config.toml.
 	Config *config.Config
+	// Keys loads and makes the node key; nil is agent.PKCS8Keys.
+	Keys agent.KeyStore
+	// RenewHook, if set, is the certificate Renewer's Hook (tests).
+	RenewHook func(step string)
 	// Logger receives the agent's log; nil discards it.
 	Logger *slog.Logger
 	// BootID reads the current boot id; nil is agent.BootID.
@@ -58,6 +62,7 @@ type Site struct {
 	id       *agent.Identity
 	dataDir  string
 	session  *agent.Session
+	renewer  *agent.Renewer
 	events   *reporter
 	table    boot.MemTable
 	bmcHosts *bmc.Store
@@ -141,7 +146,10 @@ func (s *Site) Run(ctx context.Context) error {
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	s.dataDir = DataDir(c)
-	id, err := agent.LoadIdentity(s.dataDir, &nodekey.Host{Logger: s.log})
+	if s.Keys == nil {
+		s.Keys = &nodekey.Host{Logger: s.log}
+	}
+	id, err := agent.LoadIdentity(s.dataDir, s.Keys)
 	switch {
 	case errors.Is(err, agent.ErrNotJoined):
 		return fmt.Errorf("bcd site: this machine has not joined (no %s in %s): run bcd join --role site first", agent.IdentityFile, s.dataDir)
@@ -184,11 +192,17 @@ func (s *Site) Run(ctx context.Context) error {
 		claimsFn = agent.ClaimsSource{}.Collect
 	}
 	claims := claimsFn(ctx)
+	s.renewer = &agent.Renewer{
+		DataDir: s.dataDir, Keys: s.Keys, Identity: id,
+		GatewayURL: c.GatewayURL, ServerName: serverName, ServingCAPin: c.ServingCASPKIPin, JoinSigningPin: c.JoinSigningKeyPin,
+		Logger: s.log, Hook: s.RenewHook,
+	}
 	s.session = &agent.Session{
 		GatewayURL:   c.GatewayURL,
 		ServerName:   serverName,
 		ServingCAPin: c.ServingCASPKIPin,
 		Identity:     id,
+		Current:      s.renewer.Current,
 		Journal:      j,
 		Handlers: map[string]agent.Handler{
 			protocol.KindBMCPower:     s.runBMC,
@@ -216,6 +230,7 @@ func (s *Site) Run(ctx context.Context) error {
 	}()
 	wg.Go(func() { s.proxy.wait(sctx) })
 	wg.Go(func() { s.events.run(sctx) })
+	wg.Go(func() { s.renewer.Run(sctx) })
 
 	sock, err := listenStatus(s.socketPath())
 	if err != nil {

@@ -72,7 +72,7 @@ func (s *Site) Status() Status {
 	}
 	a := s.Addrs()
 	return Status{
-		SessionStatus:      agent.NewSessionStatus(s.id, s.siteName(), s.Config.GatewayURL, s.session.BootID, s.session.State()),
+		SessionStatus:      agent.NewSessionStatus(s.renewer.Current(), s.siteName(), s.Config.GatewayURL, s.session.BootID, s.session.State()).WithRenewal(s.renewer.Status()),
 		SpecRevision:       s.revision.Load(),
 		BootEntries:        int(s.entries.Load()),
 		BMCHosts:           len(s.bmcHosts.Machines()),

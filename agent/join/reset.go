@@ -35,12 +35,13 @@ func asideName(base, suffix string) string {
 	}
 }
 
-// ResetPlan lists what bcd join --reset moves: node.key, identity.json and the
+// ResetPlan lists what bcd join --reset moves: node.key, node.key.next, identity.json and the
 // journal, each that exists, to <name>.reset-<UTC time>.
 func ResetPlan(dataDir, journalPath string, now time.Time) ([]Move, error) {
 	var moves []Move
 	for _, p := range []string{
 		filepath.Join(dataDir, agent.KeyFile),
+		filepath.Join(dataDir, agent.KeyNextFile),
 		filepath.Join(dataDir, agent.IdentityFile),
 		journalPath,
 	} {

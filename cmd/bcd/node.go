@@ -42,7 +42,7 @@ socket (socket_path, GET /v1/status).`,
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			n := &nodeagent.Node{Config: cfg, Logger: logger}
+			n := &nodeagent.Node{Config: cfg, Logger: logger, RenewHook: renewHook()}
 			if nodeHooks != nil {
 				nodeHooks(n)
 			}

@@ -53,7 +53,7 @@ Without a [boot] section it serves no PXE machine. The last spec is kept in
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			s := &site.Site{Config: cfg, Logger: logger}
+			s := &site.Site{Config: cfg, Logger: logger, RenewHook: renewHook()}
 			if siteHooks != nil {
 				siteHooks(s)
 			}

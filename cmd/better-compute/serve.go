@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/better-compute/bcd/controlplane"
+	"github.com/better-compute/bcd/controlplane/join"
 	"github.com/better-compute/bcd/controlplane/lifecycle"
 	"github.com/better-compute/bcd/internal/cli"
 )
@@ -33,11 +34,17 @@ BETTER_COMPUTE_GATEWAY_SERVER_NAME, else the gateway's own address.
 
 It also runs every machine's lifecycle (better-compute machines deploy): each step has a
 timeout (--lifecycle-timeouts) and bounded retries, and a restart takes every machine up
-where the store says it was.`,
+where the store says it was.
+
+Node certificates last --cert-lifetime (default 90 days); a node renews its certificate
+at about two thirds of that over POST /v1/renew.`,
 		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if s.PKIDir == "" || s.DataDir == "" {
 				return cli.Usagef("serve: --pki DIR and --data DIR are required")
+			}
+			if s.CertLifetime < controlplane.MinCertLifetime {
+				return cli.Usagef("serve: --cert-lifetime %s: want at least %s", s.CertLifetime, controlplane.MinCertLifetime)
 			}
 			var level slog.Level
 			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
@@ -63,6 +70,7 @@ where the store says it was.`,
 	f.StringVar(&s.DownloadsDir, "downloads-dir", "", "serve release binaries from this directory at {base-path}/downloads/…")
 	f.StringVar(&s.BasePath, "base-path", "", "path prefix of the api routes, e.g. /p")
 	f.StringVar(&s.LifecycleTimeouts, "lifecycle-timeouts", "", "machine lifecycle step timeouts, e.g. ramdisk=10m,deploy=1h,install=15m,bmc=2m,inventory=2m,grace=1m (default $"+lifecycle.EnvTimeouts+", else those)")
+	f.DurationVar(&s.CertLifetime, "cert-lifetime", join.DefaultCertTTL, "lifetime of the node certificates a join or renewal issues (at least "+controlplane.MinCertLifetime.String()+"); nodes renew at two thirds of it")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd
 }

@@ -31,6 +31,11 @@ type Joiner interface {
 	Join(ctx context.Context, req *protocol.JoinRequest) (*protocol.JoinResponse, error)
 }
 
+// Renewer answers certificate renewals: the JoinService.
+type Renewer interface {
+	Renew(ctx context.Context, r join.Renewal) (*protocol.JoinResponse, error)
+}
+
 // Store is what sessions read and write.
 type Store interface {
 	GetNode(ctx context.Context, id string) (store.Node, error)
@@ -70,6 +75,8 @@ type Observer interface {
 type Server struct {
 	// Joiner answers POST /v1/join.
 	Joiner Joiner
+	// Renewer answers POST /v1/renew; nil answers UNSUPPORTED.
+	Renewer Renewer
 	// Store holds nodes, sessions, commands and events.
 	Store Store
 	// Specs builds the spec of the Welcome and of later spec frames; nil
@@ -134,10 +141,11 @@ func orDefault[T comparable](v, def T) T {
 	return v
 }
 
-// Handler serves /v1/join and /v1/session.
+// Handler serves /v1/join, /v1/renew and /v1/session.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc(protocol.PathJoin, only(http.MethodPost, s.serveJoin))
+	mux.HandleFunc(protocol.PathRenew, only(http.MethodPost, s.serveRenew))
 	mux.HandleFunc(protocol.PathSession, only(http.MethodGet, s.serveSession))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		httpjson.WriteJSON(w, http.StatusNotFound, httpjson.Errorf(protocol.CodeNotFound, "no such gateway endpoint"))
@@ -167,6 +175,37 @@ func (s *Server) serveJoin(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		if e := httpjson.Response(err); e != nil {
 			s.log().Info("join refused", "code", e.Code, "reason", e.Message, "remote", r.RemoteAddr, "role", req.Role, "attestor", req.Attestor)
+		}
+		httpjson.WriteError(w, s.log(), err)
+		return
+	}
+	httpjson.WriteJSON(w, http.StatusOK, resp)
+}
+
+// serveRenew hands a renewal over mutual TLS to the Renewer: the verified client
+// certificate names the node, the body carries the next key's CSR.
+func (s *Server) serveRenew(w http.ResponseWriter, r *http.Request) {
+	if s.Renewer == nil {
+		httpjson.WriteError(w, s.log(), httpjson.Errorf(protocol.CodeUnsupported, "this gateway does not renew certificates"))
+		return
+	}
+	p, err := s.verifyPeer(r, "renewal")
+	if err != nil {
+		if e := httpjson.Response(err); e != nil {
+			s.log().Info("renewal refused", "code", e.Code, "reason", e.Message, "remote", r.RemoteAddr)
+		}
+		httpjson.WriteError(w, s.log(), err)
+		return
+	}
+	req, err := join.DecodeRenewRequest(r.Body)
+	if err != nil {
+		httpjson.WriteError(w, s.log(), err)
+		return
+	}
+	resp, err := s.Renewer.Renew(r.Context(), join.Renewal{NodeID: p.nodeID, Role: p.role, Serial: p.leaf.SerialNumber.Text(16), Request: req})
+	if err != nil {
+		if e := httpjson.Response(err); e != nil {
+			s.log().Info("renewal refused", "node", p.nodeID, "code", e.Code, "reason", e.Message, "remote", r.RemoteAddr)
 		}
 		httpjson.WriteError(w, s.log(), err)
 		return

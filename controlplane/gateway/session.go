@@ -64,10 +64,17 @@ type session struct {
 	resendArmed bool
 }
 
-// authenticate checks the client certificate and the node it names.
-func (s *Server) authenticate(r *http.Request) (store.Node, error) {
+// peer is who a verified client certificate names.
+type peer struct {
+	leaf         *x509.Certificate
+	role, nodeID string
+}
+
+// verifyPeer checks the client certificate against the node CA and the trust
+// domain; what calls for a certificate (a session, a renewal) is what.
+func (s *Server) verifyPeer(r *http.Request, what string) (peer, error) {
 	if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
-		return store.Node{}, httpjson.Errorf(protocol.CodeUnauthenticated, "a session needs the node's client certificate (from bcd join)")
+		return peer{}, httpjson.Errorf(protocol.CodeUnauthenticated, "a %s needs the node's client certificate (from bcd join)", what)
 	}
 	leaf := r.TLS.PeerCertificates[0]
 	inter := x509.NewCertPool()
@@ -80,18 +87,28 @@ func (s *Server) authenticate(r *http.Request) (store.Node, error) {
 		KeyUsages:     []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 		CurrentTime:   s.now(),
 	}); err != nil {
-		return store.Node{}, httpjson.Errorf(protocol.CodeUnauthenticated, "the client certificate does not verify against this control plane's node CA: %v", err)
+		return peer{}, httpjson.Errorf(protocol.CodeUnauthenticated, "the client certificate does not verify against this control plane's node CA: %v", err)
 	}
 	if len(leaf.URIs) != 1 {
-		return store.Node{}, httpjson.Errorf(protocol.CodeUnauthenticated, "the client certificate carries %d URIs, want one SPIFFE id", len(leaf.URIs))
+		return peer{}, httpjson.Errorf(protocol.CodeUnauthenticated, "the client certificate carries %d URIs, want one SPIFFE id", len(leaf.URIs))
 	}
 	td, role, nodeID, err := pki.ParseSPIFFEID(leaf.URIs[0].String())
 	if err != nil {
-		return store.Node{}, httpjson.Errorf(protocol.CodeUnauthenticated, "client certificate: %v", err)
+		return peer{}, httpjson.Errorf(protocol.CodeUnauthenticated, "client certificate: %v", err)
 	}
 	if td != s.TrustDomain {
-		return store.Node{}, httpjson.Errorf(protocol.CodeUnauthenticated, "client certificate is for trust domain %s, not %s", td, s.TrustDomain)
+		return peer{}, httpjson.Errorf(protocol.CodeUnauthenticated, "client certificate is for trust domain %s, not %s", td, s.TrustDomain)
 	}
+	return peer{leaf: leaf, role: role, nodeID: nodeID}, nil
+}
+
+// authenticate checks the client certificate and the node it names.
+func (s *Server) authenticate(r *http.Request) (store.Node, error) {
+	p, err := s.verifyPeer(r, "session")
+	if err != nil {
+		return store.Node{}, err
+	}
+	leaf, role, nodeID := p.leaf, p.role, p.nodeID
 	node, err := s.Store.GetNode(r.Context(), nodeID)
 	switch {
 	case errors.Is(err, store.ErrNotFound):

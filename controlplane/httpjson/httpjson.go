@@ -33,7 +33,7 @@ func Status(code string) int {
 		return http.StatusUnauthorized
 	case protocol.CodeTokenUsed, protocol.CodeTokenExpired, protocol.CodeTokenRevoked,
 		protocol.CodeWrongRole, protocol.CodeWrongSite, protocol.CodeWrongPool,
-		protocol.CodeAttestorRefused, protocol.CodeAttestorNotAllowed, protocol.CodeNodeRevoked,
+		protocol.CodeAttestorRefused, protocol.CodeAttestorNotAllowed, protocol.CodeNodeRevoked, protocol.CodeCertReplaced,
 		protocol.CodeNonceUsed, protocol.CodeNonceExpired, protocol.CodeNonceWrongMAC, protocol.CodeMachineNotRegistered:
 		return http.StatusForbidden
 	case protocol.CodeReclaimNotAllowed, protocol.CodeAlreadyExists, protocol.CodeMachineBusy:

@@ -291,11 +291,7 @@ func (s *Service) admit(ctx context.Context, r *Request, adm *Admission) (*proto
 		nodeID = ids.New(ids.PrefixNode, r.Now)
 	}
 
-	ttl := s.CertTTL
-	if ttl == 0 {
-		ttl = DefaultCertTTL
-	}
-	der, err := s.Bundle.IssueNodeCert(r.CSR, adm.Role, nodeID, ttl)
+	der, err := s.Bundle.IssueNodeCert(r.CSR, adm.Role, nodeID, s.certTTL())
 	if err != nil {
 		return nil, fmt.Errorf("join: %w", err)
 	}
@@ -311,7 +307,7 @@ func (s *Service) admit(ctx context.Context, r *Request, adm *Admission) (*proto
 	node := store.Node{
 		ID: nodeID, Role: adm.Role, Site: adm.Site, Pool: adm.Pool, SPIFFEID: spiffeID, Claims: claims,
 		SystemUUID: uuid, TPMEKSHA256: ek, CertSerial: leaf.SerialNumber.Text(16), CertNotAfter: leaf.NotAfter,
-		State: protocol.NodeAdopting,
+		CertKeySHA256: KeySHA256(leaf.RawSubjectPublicKeyInfo), State: protocol.NodeAdopting,
 	}
 	err = s.Store.Admit(ctx, store.Admission{TokenID: adm.TokenID, Node: node, Reclaim: reclaim, Now: r.Now,
 		BootNonce: adm.BootNonce, Machine: adm.Machine, Inventory: adm.Inventory, Retire: adm.Retire, TPMEnrollment: adm.TPMEnrollment})
@@ -359,16 +355,25 @@ func (s *Service) admit(ctx context.Context, r *Request, adm *Admission) (*proto
 		TrustBundle:     []string{s.Bundle.Public.NodeCAPEM, s.Bundle.Public.ServingCAPEM},
 		IssuedAt:        r.Now.Unix(),
 	}
-	payload, err := json.Marshal(result)
-	if err != nil {
-		return nil, fmt.Errorf("join: %w", err)
-	}
-	signed, err := pki.Sign(s.Bundle.JoinSigningKey, protocol.PurposeJoinResponse, payload)
+	resp, err := s.sign(result)
 	if err != nil {
 		return nil, fmt.Errorf("join: %w", err)
 	}
 	s.log().Info("node joined", "node", nodeID, "role", adm.Role, "site", adm.Site, "pool", adm.Pool,
 		"attestor", req.Attestor, "reclaim", reclaim, "token", adm.TokenID, "machine", adm.Machine, "cert_serial", node.CertSerial)
+	return resp, nil
+}
+
+// sign is the answer carrying result under the join signing key.
+func (s *Service) sign(result protocol.JoinResult) (*protocol.JoinResponse, error) {
+	payload, err := json.Marshal(result)
+	if err != nil {
+		return nil, err
+	}
+	signed, err := pki.Sign(s.Bundle.JoinSigningKey, protocol.PurposeJoinResponse, payload)
+	if err != nil {
+		return nil, err
+	}
 	return &protocol.JoinResponse{Signed: signed, SigningKey: s.Bundle.Public.JoinSigningPublicPEM}, nil
 }
 
@@ -389,6 +394,20 @@ func (s *Service) checkPoolPolicy(ctx context.Context, attestor, pool string) er
 			pool, strings.Join(p.JoinAttestors, ", "), attestor, pool)
 	}
 	return nil
+}
+
+func (s *Service) certTTL() time.Duration {
+	if s.CertTTL == 0 {
+		return DefaultCertTTL
+	}
+	return s.CertTTL
+}
+
+// KeySHA256 is the lower-case hex SHA-256 of a SubjectPublicKeyInfo's DER: the
+// key a node's certificate certifies, as store.Node.CertKeySHA256 keeps it.
+func KeySHA256(spki []byte) string {
+	sum := sha256.Sum256(spki)
+	return hex.EncodeToString(sum[:])
 }
 
 func matchedOn(n store.Node, uuid, ek string) string {

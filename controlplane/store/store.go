@@ -18,6 +18,9 @@ var (
 	ErrTokenRevoked = errors.New("join token revoked")
 	ErrTokenExpired = errors.New("join token expired")
 	ErrNodeDeleted  = errors.New("node deleted")
+	// ErrCertReplaced: the node's certificate is no longer the one a renewal
+	// replaces (another renewal or a join came first).
+	ErrCertReplaced = errors.New("node certificate replaced")
 	// ErrMACTaken: a MAC given for a machine belongs to another machine.
 	ErrMACTaken = errors.New("MAC address belongs to another machine")
 	// ErrNameTaken: the site already has a machine of that name.
@@ -102,12 +105,18 @@ type Node struct {
 	TPMEKSHA256  string    `json:"tpm_ek_sha256,omitempty"`
 	CertSerial   string    `json:"cert_serial"`
 	CertNotAfter time.Time `json:"cert_not_after"`
-	State        string    `json:"state"`
-	Cordoned     bool      `json:"cordoned"`
-	CreatedAt    time.Time `json:"created_at"`
-	UpdatedAt    time.Time `json:"updated_at"`
-	JoinedAt     time.Time `json:"joined_at"`
-	DeletedAt    time.Time `json:"deleted_at,omitzero"`
+	// CertKeySHA256 is the hex SHA-256 of the current certificate's
+	// SubjectPublicKeyInfo. PrevCertSerial is the certificate a renewal
+	// replaced ("" after a join): the node holds it until it has stored the
+	// renewal's answer, and may ask again with it for the same key.
+	CertKeySHA256  string    `json:"cert_key_sha256,omitempty"`
+	PrevCertSerial string    `json:"prev_cert_serial,omitempty"`
+	State          string    `json:"state"`
+	Cordoned       bool      `json:"cordoned"`
+	CreatedAt      time.Time `json:"created_at"`
+	UpdatedAt      time.Time `json:"updated_at"`
+	JoinedAt       time.Time `json:"joined_at"`
+	DeletedAt      time.Time `json:"deleted_at,omitzero"`
 	// SessionID is the node's open gateway session, 0 when it has none.
 	SessionID     int64     `json:"session_id,omitempty"`
 	DaemonVersion string    `json:"daemon_version,omitempty"`
@@ -209,6 +218,22 @@ type Admission struct {
 	Now           time.Time
 }
 
+// CertRenewal is what a certificate renewal writes, in one write.
+type CertRenewal struct {
+	NodeID string
+	// Replaces is the node's current certificate as the renewal read it: the
+	// write happens only while it still is (ErrCertReplaced otherwise).
+	Replaces string
+	// Presented is the certificate the node renewed with; it becomes
+	// PrevCertSerial.
+	Presented string
+	// Serial, NotAfter and KeySHA256 are the new certificate's.
+	Serial    string
+	NotAfter  time.Time
+	KeySHA256 string
+	At        time.Time
+}
+
 // Sites holds the sites.
 type Sites interface {
 	// CreateSite fails with ErrExists for a name taken.
@@ -237,6 +262,11 @@ type Nodes interface {
 	// reclaims the node (ErrExists for an id taken by a deleted node,
 	// ErrNodeDeleted when the node to reclaim was deleted meanwhile).
 	Admit(ctx context.Context, a Admission) error
+	// RenewNodeCert makes a renewal's certificate the node's current one
+	// (cert_serial, cert_not_after, cert_key_sha256, prev_cert_serial) in one
+	// write. It fails with ErrNotFound, ErrNodeDeleted, or ErrCertReplaced
+	// when the node's certificate is no longer r.Replaces.
+	RenewNodeCert(ctx context.Context, r CertRenewal) error
 	// GetNode returns a node, deleted or not.
 	GetNode(ctx context.Context, id string) (Node, error)
 	// FindNodeByClaims returns the node, not deleted, whose TPM EK hash or

@@ -75,6 +75,8 @@ type controlPlane struct {
 	log       *syncBuffer
 	cmd       *exec.Cmd
 	done      chan struct{}
+	// extra are more serve flags (--cert-lifetime).
+	extra []string
 }
 
 type syncBuffer struct {
@@ -94,14 +96,14 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-func newControlPlane(t *testing.T) *controlPlane {
+func newControlPlane(t *testing.T, serveFlags ...string) *controlPlane {
 	t.Helper()
 	if buildErr != nil {
 		t.Fatal(buildErr)
 	}
 	dir := t.TempDir()
 	cp := &controlPlane{t: t, pki: filepath.Join(dir, "pki"), data: filepath.Join(dir, "data"),
-		api: freePort(t), gw: freePort(t), tokenFile: filepath.Join(dir, "operator-token")}
+		api: freePort(t), gw: freePort(t), tokenFile: filepath.Join(dir, "operator-token"), extra: serveFlags}
 	if out, err := exec.Command(bcBin, "pki", "init", cp.pki).CombinedOutput(); err != nil {
 		t.Fatalf("pki init: %v\n%s", err, out)
 	}
@@ -115,6 +117,7 @@ func (cp *controlPlane) start() {
 	cp.log = &syncBuffer{}
 	cp.cmd = exec.Command(bcBin, "serve", "--pki", cp.pki, "--data", cp.data, "--listen", cp.api,
 		"--gateway-listen", cp.gw, "--operator-token-file", cp.tokenFile)
+	cp.cmd.Args = append(cp.cmd.Args, cp.extra...)
 	pr, pw := io.Pipe()
 	cp.cmd.Stdout = io.MultiWriter(cp.log, pw)
 	cp.cmd.Stderr = cp.log
@@ -207,6 +210,8 @@ type nodeRow struct {
 	DaemonVersion string `json:"daemon_version"`
 	SessionID     int64  `json:"session_id"`
 	Pool          string `json:"pool"`
+	// CertNotAfter is the node certificate's expiry as the store has it.
+	CertNotAfter time.Time `json:"cert_not_after"`
 }
 
 func (cp *controlPlane) nodes() []nodeRow {

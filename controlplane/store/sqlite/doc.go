@@ -18,7 +18,8 @@
 //	                cert_serial, cert_not_after, state, cordoned, created_at,
 //	                updated_at, joined_at, deleted_at, session_id (the open
 //	                session, NULL when offline), daemon_version, last_seen_at,
-//	                spec_revision
+//	                spec_revision, cert_key_sha256 (the current certificate's
+//	                key), prev_cert_serial (the one the last renewal replaced)
 //	node_sessions   id PK, node_id, role, daemon_version, boot_id,
 //	                protocol_version, remote_addr, connected_at,
 //	                disconnected_at

@@ -21,7 +21,7 @@ const DBFile = "better-compute.db"
 // migrations bring a database from PRAGMA user_version i to i+1; a new
 // database runs them all. Each is append-only: a released migration is
 // never edited.
-var migrations = []string{schemaV1, schemaV2, schemaV3, schemaV4, schemaV5}
+var migrations = []string{schemaV1, schemaV2, schemaV3, schemaV4, schemaV5, schemaV6}
 
 // schemaVersion is PRAGMA user_version of a database this build has migrated.
 var schemaVersion = len(migrations)
@@ -202,6 +202,14 @@ CREATE INDEX machines_bound_ramdisk ON machines(bound_ramdisk) WHERE bound_ramdi
 CREATE INDEX machines_pending_bind ON machines(id) WHERE bind_seq != bind_applied;
 ALTER TABLE deployments ADD COLUMN left_ramdisk TEXT NOT NULL DEFAULT '';
 UPDATE deployments SET left_ramdisk = ramdisk_node, ramdisk_node = '' WHERE step IN ('bootdev', 'power', 'wait-join');
+`
+
+// schemaV6 adds what certificate renewal needs: the current certificate's key
+// (a renewal retried after a lost answer must be for the same key) and the
+// certificate the last renewal replaced.
+const schemaV6 = `
+ALTER TABLE nodes ADD COLUMN cert_key_sha256 TEXT NOT NULL DEFAULT '';
+ALTER TABLE nodes ADD COLUMN prev_cert_serial TEXT NOT NULL DEFAULT '';
 `
 
 // schemaV3 adds the machine lifecycle: a machine's firmware and current

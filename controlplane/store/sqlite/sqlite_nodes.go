@@ -12,7 +12,8 @@ import (
 )
 
 const nodeColumns = `id, role, site, pool, spiffe_id, claims, system_uuid, tpm_ek_sha256, cert_serial, cert_not_after,
-	state, cordoned, created_at, updated_at, joined_at, deleted_at, session_id, daemon_version, last_seen_at, spec_revision`
+	state, cordoned, created_at, updated_at, joined_at, deleted_at, session_id, daemon_version, last_seen_at, spec_revision,
+	cert_key_sha256, prev_cert_serial`
 
 func scanNode(sc interface{ Scan(...any) error }) (store.Node, error) {
 	var n store.Node
@@ -20,7 +21,7 @@ func scanNode(sc interface{ Scan(...any) error }) (store.Node, error) {
 	var notAfter, created, updated, joined, deleted, lastSeen, session sql.NullInt64
 	if err := sc.Scan(&n.ID, &n.Role, &n.Site, &n.Pool, &n.SPIFFEID, &claims, &n.SystemUUID, &n.TPMEKSHA256,
 		&n.CertSerial, &notAfter, &n.State, &n.Cordoned, &created, &updated, &joined, &deleted, &session,
-		&n.DaemonVersion, &lastSeen, &n.SpecRevision); err != nil {
+		&n.DaemonVersion, &lastSeen, &n.SpecRevision, &n.CertKeySHA256, &n.PrevCertSerial); err != nil {
 		return store.Node{}, err
 	}
 	n.Claims = []byte(claims)
@@ -50,17 +51,18 @@ func (s *sqliteStore) Admit(ctx context.Context, a store.Admission) error {
 		if a.Reclaim {
 			if err := updateLiveNode(ctx, tx, n.ID, `role = ?, site = ?, pool = ?, spiffe_id = ?, claims = ?,
 				system_uuid = ?, tpm_ek_sha256 = ?, cert_serial = ?, cert_not_after = ?, state = ?,
-				updated_at = ?, joined_at = ?`,
+				updated_at = ?, joined_at = ?, cert_key_sha256 = ?, prev_cert_serial = ''`,
 				n.Role, n.Site, n.Pool, n.SPIFFEID, claims, n.SystemUUID, n.TPMEKSHA256, n.CertSerial,
-				ms(n.CertNotAfter), n.State, ms(a.Now), ms(a.Now)); err != nil {
+				ms(n.CertNotAfter), n.State, ms(a.Now), ms(a.Now), n.CertKeySHA256); err != nil {
 				return err
 			}
 		} else {
 			_, err := tx.ExecContext(ctx, `INSERT INTO nodes (id, role, site, pool, spiffe_id, claims, system_uuid,
-				tpm_ek_sha256, cert_serial, cert_not_after, state, cordoned, created_at, updated_at, joined_at)
-				VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?)`,
+				tpm_ek_sha256, cert_serial, cert_not_after, state, cordoned, created_at, updated_at, joined_at,
+				cert_key_sha256)
+				VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?)`,
 				n.ID, n.Role, n.Site, n.Pool, n.SPIFFEID, claims, n.SystemUUID, n.TPMEKSHA256, n.CertSerial,
-				ms(n.CertNotAfter), n.State, ms(a.Now), ms(a.Now), ms(a.Now))
+				ms(n.CertNotAfter), n.State, ms(a.Now), ms(a.Now), ms(a.Now), n.CertKeySHA256)
 			if isConstraint(err) {
 				return store.ErrExists
 			}
@@ -91,6 +93,28 @@ func (s *sqliteStore) Admit(ctx context.Context, a store.Admission) error {
 			return bindMachine(ctx, tx, a)
 		}
 		return nil
+	}))
+}
+
+func (s *sqliteStore) RenewNodeCert(ctx context.Context, r store.CertRenewal) error {
+	return wrap("renew the certificate of node "+r.NodeID, s.tx(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `UPDATE nodes SET cert_serial = ?, cert_not_after = ?, cert_key_sha256 = ?,
+			prev_cert_serial = ?, updated_at = ? WHERE id = ? AND deleted_at IS NULL AND cert_serial = ?`,
+			r.Serial, ms(r.NotAfter), r.KeySHA256, r.Presented, ms(r.At), r.NodeID, r.Replaces)
+		if err != nil {
+			return err
+		}
+		if n, err := rowsAffected(res); err != nil || n == 1 {
+			return err
+		}
+		var deleted sql.NullInt64
+		if err := tx.QueryRowContext(ctx, `SELECT deleted_at FROM nodes WHERE id = ?`, r.NodeID).Scan(&deleted); err != nil {
+			return err
+		}
+		if deleted.Valid {
+			return store.ErrNodeDeleted
+		}
+		return store.ErrCertReplaced
 	}))
 }
 

@@ -33,6 +33,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"AdmitConsumesNonceOnce", testAdmitConsumesNonceOnce},
 		{"AdmitRefusals", testAdmitRefusals},
 		{"ReclaimAndFind", testReclaimAndFind},
+		{"RenewNodeCert", testRenewNodeCert},
 		{"SessionsAndCommands", testSessionsAndCommands},
 		{"OperatorToken", testOperatorToken},
 		{"Machines", testMachines},

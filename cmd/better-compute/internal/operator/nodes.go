@@ -38,13 +38,17 @@ func newNodesCmd() *cobra.Command {
 			}
 			now := time.Now()
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NODE\tROLE\tSITE\tPOOL\tSTATE\tCONNECTED\tVERSION\tLAST SEEN")
+			fmt.Fprintln(tw, "NODE\tROLE\tSITE\tPOOL\tSTATE\tCONNECTED\tVERSION\tLAST SEEN\tCERT EXPIRES")
 			for _, n := range nodes {
 				connected, seen := "no", ago(n.LastSeenAt, now)
 				if n.Connected {
 					connected, seen = "yes", "now"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.ID, n.Role, n.Site, n.Pool, nodeState(n), connected, dash(n.DaemonVersion), seen)
+				expires := "-"
+				if !n.CertNotAfter.IsZero() {
+					expires = n.CertNotAfter.UTC().Format(time.RFC3339)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.ID, n.Role, n.Site, n.Pool, nodeState(n), connected, dash(n.DaemonVersion), seen, expires)
 			}
 			return tw.Flush()
 		},

@@ -171,7 +171,7 @@ func TestNodesCommands(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("nodes list: %d %s", code, errOut)
 	}
-	for _, col := range []string{"NODE", "ROLE", "SITE", "POOL", "STATE", "CONNECTED", "VERSION", "LAST SEEN", node.ID, "pool_a", "ready"} {
+	for _, col := range []string{"NODE", "ROLE", "SITE", "POOL", "STATE", "CONNECTED", "VERSION", "LAST SEEN", "CERT EXPIRES", node.CertNotAfter.UTC().Format(time.RFC3339), node.ID, "pool_a", "ready"} {
 		if !strings.Contains(out, col) {
 			t.Errorf("nodes list lacks %q:\n%s", col, out)
 		}
