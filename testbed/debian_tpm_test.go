@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -154,6 +155,27 @@ func TestDebianTPM(t *testing.T) {
 	defer cancel()
 	exited := regexp.MustCompile(`bcd-lab: install script exited \d+`)
 	starting := regexp.MustCompile(`bcd-lab: install script starting \([^\r\n]*\)`)
+	// The test waits on one machine after the other; the timings come from a
+	// watcher that notes when each script started and each node was first ready.
+	clock := &labClock{at: map[string]time.Time{}}
+	go func() {
+		for i := 0; wctx.Err() == nil; i++ {
+			for _, m := range all {
+				if b, _ := os.ReadFile(m.vm.Serial); starting.Match(b) {
+					clock.mark(m.name + " start")
+				}
+			}
+			if i%4 == 0 {
+				nodes, _ := f.Nodes()
+				for _, n := range nodes {
+					if n.State == "ready" && n.Connected {
+						clock.mark("node " + n.ID)
+					}
+				}
+			}
+			time.Sleep(250 * time.Millisecond)
+		}
+	}()
 
 	// --- notpm: the script stops before it installs anything.
 	line, err := notpm.vm.WaitConsole(wctx, starting)
@@ -182,7 +204,7 @@ func TestDebianTPM(t *testing.T) {
 	if want := "/usr/local/bin/bcd absent, /etc/systemd/system/bcd.service absent, /etc/bcd/config.toml absent"; !strings.Contains(after, want) {
 		fail(fmt.Errorf("notpm: %s, want %s", after, want))
 	}
-	t.Logf("notpm: the script stopped (%s) after %s, nothing installed", exit, time.Since(notpm.bootAt).Round(time.Second))
+	t.Logf("notpm: the script stopped (%s), nothing installed; boot → script start %s", exit, clock.get("notpm start").Sub(notpm.bootAt).Round(time.Second))
 	notpm.vm.Stop() // its core for the others
 
 	// --- tpm1: enrolled, joins into tpm-enrolled with the node key in its TPM.
@@ -192,7 +214,6 @@ func TestDebianTPM(t *testing.T) {
 	if !strings.Contains(line, "/dev/tpmrm0 present") {
 		fail(fmt.Errorf("tpm1: %s: the guest's kernel does not drive the TPM", line))
 	}
-	scriptAt := time.Now()
 	var n1 FleetNode
 	if err := waitFor(wctx, 20*time.Minute, func() bool {
 		nodes, _ := f.Nodes()
@@ -206,7 +227,7 @@ func TestDebianTPM(t *testing.T) {
 	}); err != nil {
 		fail(fmt.Errorf("tpm1: no ready, connected node in pool tpm-enrolled (last %+v)", n1))
 	}
-	ready1 := time.Now()
+	scriptAt, ready1 := clock.get("tpm1 start"), clock.get("node "+n1.ID)
 	if !strings.Contains(n1.DaemonVersion, debianRelease) {
 		fail(fmt.Errorf("tpm1: node %s runs bcd %q, want the release's %s", n1.ID, n1.DaemonVersion, debianRelease))
 	}
@@ -285,7 +306,7 @@ func TestDebianTPM(t *testing.T) {
 	}); err != nil {
 		fail(fmt.Errorf("tpm2: no ready, connected node after the approval (last %+v)", n2))
 	}
-	ready2 := time.Now()
+	ready2 := clock.get("node " + n2.ID)
 	show, err := f.BC("machines", "show", tpm2.name)
 	if err != nil {
 		fail(err)
@@ -301,9 +322,9 @@ func TestDebianTPM(t *testing.T) {
 	}
 	serial, _ = os.ReadFile(tpm2.vm.Serial)
 	logConsole(t, tpm2.name, serial)
-	t.Logf("tpm2: node %s ready in pool %s; boot → deferral seen %s, approve → node ready %s, boot → node ready %s",
-		n2.ID, n2.Pool, deferredAt.Sub(tpm2.bootAt).Round(time.Second), ready2.Sub(approvedAt).Round(time.Second),
-		ready2.Sub(tpm2.bootAt).Round(time.Second))
+	t.Logf("tpm2: node %s ready in pool %s; boot → script start %s, → deferral seen %s, approve → node ready %s, boot → node ready %s (with the wait for the approval)",
+		n2.ID, n2.Pool, clock.get("tpm2 start").Sub(tpm2.bootAt).Round(time.Second), deferredAt.Sub(tpm2.bootAt).Round(time.Second),
+		ready2.Sub(approvedAt).Round(time.Second), ready2.Sub(tpm2.bootAt).Round(time.Second))
 	for _, l := range strings.Split(strings.TrimSpace(show), "\n") {
 		if strings.HasPrefix(l, "TPM EK:") || strings.HasPrefix(l, "NODE:") {
 			t.Logf("tpm2: machines show: %s", l)
@@ -360,4 +381,31 @@ func mustNodes(t *testing.T, f *Fleet) []FleetNode {
 		}
 	}
 	return out
+}
+
+// labClock holds when things first happened, by name.
+type labClock struct {
+	mu sync.Mutex
+	at map[string]time.Time
+}
+
+func (c *labClock) mark(k string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.at[k]; !ok {
+		c.at[k] = time.Now()
+	}
+}
+
+// get is when k happened; now if the watcher has not seen it yet (the test saw
+// it first).
+func (c *labClock) get(k string) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if at, ok := c.at[k]; ok {
+		return at
+	}
+	now := time.Now()
+	c.at[k] = now
+	return now
 }
