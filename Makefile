@@ -42,7 +42,7 @@ test: deps lint
 # TestDebianTPM: three machines running the --attestor tpm script (swtpm): an
 # enrolled EK joins with the node key in the TPM and survives an upgrade run, an
 # unenrolled one of a registered machine waits for machines approve, one without a
-# TPM stops before installing anything.
+# TPM stops before installing anything. About 10 minutes on 2 cores under TCG.
 # The Debian root is cached in .cache/debian (rebuilt when its script changes).
 e2e-debian: deps
 	scripts/build-debian-image.sh >/dev/null
