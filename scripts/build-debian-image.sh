@@ -218,13 +218,33 @@ if [ -f $d/ca.crt ]; then
 	cp $d/ca.crt /usr/local/share/ca-certificates/better-compute-lab.crt
 	update-ca-certificates >/dev/null 2>&1
 fi
-echo "bcd-lab: install script starting (proxy ${HTTPS_PROXY:-none})"
-sh $d/install-bcd.sh <$d/join-token >$d/install.log 2>&1
+present() { if [ -e "$1" ]; then echo present; else echo absent; fi; }
+echo "bcd-lab: install script starting (proxy ${HTTPS_PROXY:-none}, /dev/tpmrm0 $(present /dev/tpmrm0))"
+# A token script reads the token the test left; a TPM script reads nothing.
+in=/dev/null
+[ -f $d/join-token ] && in=$d/join-token
+sh $d/install-bcd.sh <$in >$d/install.log 2>&1
 rc=$?
 rm -f $d/join-token
 sed 's/^/bcd-lab: install-bcd.sh: /' $d/install.log
 echo "bcd-lab: install script exited $rc"
-[ $rc = 0 ] && /usr/local/sbin/bcd-lab-report
+if [ $rc != 0 ]; then
+	echo "bcd-lab: after the script: /usr/local/bin/bcd $(present /usr/local/bin/bcd), /etc/systemd/system/bcd.service $(present /etc/systemd/system/bcd.service), /etc/bcd/config.toml $(present /etc/bcd/config.toml)"
+	exit $rc
+fi
+echo "bcd-lab: node.key: $(head -n1 /var/lib/bcd/node.key 2>/dev/null || echo absent)"
+/usr/local/sbin/bcd-lab-report
+# The upgrade run: the same script again on the joined machine, when the test asks.
+if [ -f $d/rerun ]; then
+	start=$(date +%s%N)
+	sh $d/install-bcd.sh </dev/null >$d/rerun.log 2>&1
+	rc=$?
+	sed 's/^/bcd-lab: rerun: /' $d/rerun.log
+	echo "bcd-lab: install script rerun exited $rc in $((($(date +%s%N) - start) / 1000000)) ms"
+	i=0
+	while [ "$(systemctl is-active bcd.service)" != active ] && [ $i -lt 120 ]; do sleep 0.5; i=$((i + 1)); done
+	echo "bcd-lab: after the rerun: systemctl is-active bcd: $(systemctl is-active bcd.service)"
+fi
 exit $rc
 EOF
 put /etc/systemd/system/bcd-lab-install.service 0644 <<'EOF'

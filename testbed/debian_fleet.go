@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/better-compute/bcd/pki"
 )
@@ -83,6 +84,22 @@ func (f *Fleet) MachineNode(m *FleetMachine) (FleetNode, bool) {
 // where the site's DHCP gives it an address and the site's proxy is its only way
 // out. The caller stops it (before Close).
 func (f *Fleet) StartDiskVM(name, mac, disk string) (*VM, error) {
+	return f.StartDiskVMWith(DiskVM{Name: name, MAC: mac, Disk: disk})
+}
+
+// DiskVM is a VM that StartDiskVMWith starts.
+type DiskVM struct {
+	Name, MAC, Disk string
+	// TPMState, when set, gives the VM a TPM 2.0 (tpm-tis) from swtpm on that
+	// state directory, which holds its seeds and so its endorsement key: a test
+	// can read the EK before the boot (ReadSWTPMEK) and enroll it. Close stops
+	// that swtpm.
+	TPMState string
+}
+
+// StartDiskVMWith starts a VM as StartDiskVM does, with a TPM when d says so.
+func (f *Fleet) StartDiskVMWith(d DiskVM) (*VM, error) {
+	name, mac, disk := d.Name, d.MAC, d.Disk
 	tap := "tapd" + name
 	if len(tap) > 15 {
 		return nil, fmt.Errorf("testbed: VM name %q is too long for a tap name", name)
@@ -102,16 +119,53 @@ func (f *Fleet) StartDiskVM(name, mac, disk string) (*VM, error) {
 	if err := os.WriteFile(filepath.Join(vmDir, "sercon"), sercon, 0o644); err != nil {
 		return nil, err
 	}
+	// Its own SMBIOS UUID, as every real machine has; SeaBIOS on the serial
+	// console, as the lab's BMC machines have it.
+	extra := []string{"-uuid", id, "-fw_cfg", "name=etc/sercon-port,file=" + filepath.Join(vmDir, "sercon")}
+	tpmNote := ""
+	if d.TPMState != "" {
+		sock, err := f.startSWTPM(name, vmDir, d.TPMState)
+		if err != nil {
+			return nil, err
+		}
+		extra = append(extra, "-chardev", "socket,id=chrtpm,path="+sock,
+			"-tpmdev", "emulator,id=tpm0,chardev=chrtpm", "-device", "tpm-tis,tpmdev=tpm0")
+		tpmNote = ", swtpm " + d.TPMState
+	}
 	vm, err := StartVM(f.site, VMConfig{Name: name, Dir: vmDir, Firmware: BIOS, MemoryMB: 1024,
-		Tap: tap, MAC: mac, Disk: disk,
-		// Its own SMBIOS UUID, as every real machine has; SeaBIOS on the serial
-		// console, as the lab's BMC machines have it.
-		Extra: []string{"-uuid", id, "-fw_cfg", "name=etc/sercon-port,file=" + filepath.Join(vmDir, "sercon")}})
+		Tap: tap, MAC: mac, Disk: disk, Extra: extra})
 	if err != nil {
 		return nil, err
 	}
-	f.logf("machine %s: BIOS, MAC %s, boots its disk (no BMC, no PXE), SMBIOS UUID %s", name, mac, id)
+	f.logf("machine %s: BIOS, MAC %s, boots its disk (no BMC, no PXE), SMBIOS UUID %s%s", name, mac, id, tpmNote)
 	return vm, nil
+}
+
+// startSWTPM starts swtpm for a disk VM on its control socket in vmDir (QEMU's
+// tpm emulator backend), and returns the socket once it is there.
+func (f *Fleet) startSWTPM(name, vmDir, state string) (string, error) {
+	if err := os.MkdirAll(state, 0o700); err != nil {
+		return "", err
+	}
+	sock := filepath.Join(vmDir, "swtpm.sock")
+	os.Remove(sock)
+	p, err := StartProcess("swtpm "+name, exec.Command("swtpm", "socket", "--tpm2", "--tpmstate", "dir="+state,
+		"--ctrl", "type=unixio,path="+sock), filepath.Join(vmDir, "swtpm.log"))
+	if err != nil {
+		return "", err
+	}
+	f.extra = append(f.extra, p)
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if _, err := os.Stat(sock); err == nil {
+			return sock, nil
+		}
+		select {
+		case <-p.Exited():
+			return "", fmt.Errorf("testbed: swtpm for %s exited: %v\n%s", name, p.Err(), p.Tail(20))
+		default:
+		}
+	}
+	return "", fmt.Errorf("testbed: swtpm for %s made no socket %s", name, sock)
 }
 
 // DebianSeed is a file a test puts into a DebianOS image's root before it boots.

@@ -85,19 +85,7 @@ func TestDebianFleet(t *testing.T) {
 
 	// The release the third machine installs: built and signed as an operator
 	// cuts one, published in the downloads directory.
-	dist := filepath.Join(dir, "dist")
-	releaseKey := filepath.Join(dir, "release.key")
-	pinOut, err := exec.Command(bin.BetterCompute, "release", "keygen", "--out", releaseKey).Output()
-	if err != nil {
-		t.Fatalf("release keygen: %v", err)
-	}
-	releasePin := strings.TrimSpace(string(pinOut))
-	rel := exec.Command(filepath.Join(repo, "scripts/release.sh"))
-	rel.Dir = repo
-	rel.Env = append(os.Environ(), "VERSION="+debianRelease, "DIST="+dist, "BCD_RELEASE_KEYS="+releaseKey, "BCD_RELEASE_SEQUENCE=1", "BCD_RELEASE_EXPIRES=24h")
-	if out, err := rel.CombinedOutput(); err != nil {
-		t.Fatalf("scripts/release.sh: %v\n%s", err, out)
-	}
+	dist, releasePin := buildDebianRelease(t, bin, repo, dir)
 
 	m := &FleetMachine{Name: "deb1", Firmware: BIOS, MAC: "52:54:00:31:00:01", DiskMiB: sizeMiB + 256}
 	f := &Fleet{Dir: filepath.Join(dir, "lab"), Bin: bin, Kernel: kernel, Ramdisk: ramdisk, Image: image, Log: testLog{t},
@@ -243,6 +231,26 @@ func TestDebianFleet(t *testing.T) {
 	t.Logf("script1: node %s ready (bcd %s); boot → script start %s, script start → node ready %s",
 		scripted.ID, scripted.DaemonVersion, scriptAt.Sub(bootAt).Round(time.Second), scriptReady.Sub(scriptAt).Round(time.Second))
 	t.Logf("TestDebianFleet: %s in all", time.Since(began).Round(time.Second))
+}
+
+// buildDebianRelease builds and signs the release an install script installs, as
+// an operator cuts one (scripts/release.sh with a key from release keygen), into
+// dir/dist, serve's downloads directory; it returns that and the key's pin.
+func buildDebianRelease(t *testing.T, bin FleetBinaries, repo, dir string) (dist, pin string) {
+	t.Helper()
+	dist = filepath.Join(dir, "dist")
+	releaseKey := filepath.Join(dir, "release.key")
+	pinOut, err := exec.Command(bin.BetterCompute, "release", "keygen", "--out", releaseKey).Output()
+	if err != nil {
+		t.Fatalf("release keygen: %v", err)
+	}
+	rel := exec.Command(filepath.Join(repo, "scripts/release.sh"))
+	rel.Dir = repo
+	rel.Env = append(os.Environ(), "VERSION="+debianRelease, "DIST="+dist, "BCD_RELEASE_KEYS="+releaseKey, "BCD_RELEASE_SEQUENCE=1", "BCD_RELEASE_EXPIRES=24h")
+	if out, err := rel.CombinedOutput(); err != nil {
+		t.Fatalf("scripts/release.sh: %v\n%s", err, out)
+	}
+	return dist, strings.TrimSpace(string(pinOut))
 }
 
 // logConsole logs the lab's own console lines (bcd-lab: …), the evidence of

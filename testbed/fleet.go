@@ -83,6 +83,7 @@ type Fleet struct {
 	cgroup             string
 	pki                string
 	tokenFile          string
+	extra              []*Process // the disk VMs' swtpm
 }
 
 func (f *Fleet) logf(format string, args ...any) {
@@ -553,6 +554,9 @@ func (f *Fleet) Close() {
 		if m.BMC != nil {
 			m.BMC.Stop()
 		}
+	}
+	for _, p := range f.extra {
+		p.Stop(5 * time.Second)
 	}
 	if f.siteAgent != nil {
 		f.siteAgent.Stop(10 * time.Second)
