@@ -45,6 +45,8 @@ type Host struct {
 	Logger *slog.Logger
 	// Getenv reads EnvTPMTCP on a fakehw build; nil means os.Getenv.
 	Getenv func(string) string
+	// OpenTPM, when set, opens the TPM instead of Path (tests: swtpm).
+	OpenTPM func() (*tpm.TPM, error)
 
 	mu  sync.Mutex
 	t   *tpm.TPM
@@ -90,6 +92,10 @@ func (h *Host) TPM() (*tpm.TPM, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.t != nil || h.err != nil {
+		return h.t, h.err
+	}
+	if h.OpenTPM != nil {
+		h.t, h.err = h.OpenTPM()
 		return h.t, h.err
 	}
 	if addr := h.tcp(); addr != "" {
