@@ -268,6 +268,26 @@ CREATE TABLE pool_policies (
 `
 
 // sqliteStore is the SQLite Store.
+// queryAll reads every row query returns through scan, on db; op names the
+// read in errors.
+func queryAll[T any](ctx context.Context, db *sql.DB, op string, scan func(interface{ Scan(...any) error }) (T, error),
+	query string, args ...any) ([]T, error) {
+	rows, err := db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, wrap(op, err)
+	}
+	defer rows.Close()
+	var out []T
+	for rows.Next() {
+		v, err := scan(rows)
+		if err != nil {
+			return nil, wrap(op, err)
+		}
+		out = append(out, v)
+	}
+	return out, wrap(op, rows.Err())
+}
+
 type sqliteStore struct {
 	// w is the one connection that writes; r reads concurrently under WAL.
 	w, r *sql.DB

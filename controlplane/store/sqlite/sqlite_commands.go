@@ -68,21 +68,8 @@ func (s *sqliteStore) GetCommand(ctx context.Context, id string) (store.Command,
 }
 
 func (s *sqliteStore) OpenCommands(ctx context.Context, nodeID string) ([]store.Command, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT `+commandColumns+` FROM commands
+	return queryAll(ctx, s.r, "open commands", scanCommand, `SELECT `+commandColumns+` FROM commands
 		WHERE node_id = ? AND state NOT IN ('SUCCEEDED', 'FAILED', 'UNSUPPORTED') ORDER BY id`, nodeID)
-	if err != nil {
-		return nil, wrap("open commands", err)
-	}
-	defer rows.Close()
-	var out []store.Command
-	for rows.Next() {
-		c, err := scanCommand(rows)
-		if err != nil {
-			return nil, wrap("open commands", err)
-		}
-		out = append(out, c)
-	}
-	return out, wrap("open commands", rows.Err())
 }
 
 func (s *sqliteStore) MarkSent(ctx context.Context, id string, at time.Time) error {

@@ -94,20 +94,7 @@ func (s *sqliteStore) GetDeployment(ctx context.Context, id string) (store.Deplo
 }
 
 func (s *sqliteStore) OpenDeployments(ctx context.Context) ([]store.Deployment, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT `+deploymentColumns+` FROM deployments WHERE finished_at IS NULL ORDER BY created_at, id`)
-	if err != nil {
-		return nil, wrap("open deployments", err)
-	}
-	defer rows.Close()
-	var out []store.Deployment
-	for rows.Next() {
-		d, err := scanDeployment(rows)
-		if err != nil {
-			return nil, wrap("open deployments", err)
-		}
-		out = append(out, d)
-	}
-	return out, wrap("open deployments", rows.Err())
+	return queryAll(ctx, s.r, "open deployments", scanDeployment, `SELECT `+deploymentColumns+` FROM deployments WHERE finished_at IS NULL ORDER BY created_at, id`)
 }
 
 func (s *sqliteStore) AdvanceDeployment(ctx context.Context, d store.Deployment, ch store.DeploymentChange) (store.Deployment, error) {

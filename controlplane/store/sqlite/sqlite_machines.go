@@ -125,20 +125,7 @@ func (s *sqliteStore) FindMachineByMAC(ctx context.Context, mac string) (store.M
 }
 
 func (s *sqliteStore) queryMachines(ctx context.Context, op, where string, args ...any) ([]store.Machine, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT `+machineColumns+` FROM machines `+where+` ORDER BY created_at, id`, args...)
-	if err != nil {
-		return nil, wrap(op, err)
-	}
-	defer rows.Close()
-	var out []store.Machine
-	for rows.Next() {
-		m, err := scanMachine(rows)
-		if err != nil {
-			return nil, wrap(op, err)
-		}
-		out = append(out, m)
-	}
-	return out, wrap(op, rows.Err())
+	return queryAll(ctx, s.r, op, scanMachine, `SELECT `+machineColumns+` FROM machines `+where+` ORDER BY created_at, id`, args...)
 }
 
 func (s *sqliteStore) FindMachinesByName(ctx context.Context, name string) ([]store.Machine, error) {

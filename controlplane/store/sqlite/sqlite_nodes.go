@@ -140,20 +140,7 @@ func (s *sqliteStore) FindNodeByClaims(ctx context.Context, systemUUID, tpmEKSHA
 }
 
 func (s *sqliteStore) ListNodes(ctx context.Context) ([]store.Node, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT `+nodeColumns+` FROM nodes WHERE deleted_at IS NULL ORDER BY id`)
-	if err != nil {
-		return nil, wrap("list nodes", err)
-	}
-	defer rows.Close()
-	var out []store.Node
-	for rows.Next() {
-		n, err := scanNode(rows)
-		if err != nil {
-			return nil, wrap("list nodes", err)
-		}
-		out = append(out, n)
-	}
-	return out, wrap("list nodes", rows.Err())
+	return queryAll(ctx, s.r, "list nodes", scanNode, `SELECT `+nodeColumns+` FROM nodes WHERE deleted_at IS NULL ORDER BY id`)
 }
 
 // updateLiveNode runs a one-row UPDATE of a node that is not deleted and

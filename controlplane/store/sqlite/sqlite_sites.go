@@ -68,20 +68,7 @@ func (s *sqliteStore) GetSite(ctx context.Context, name string) (store.Site, err
 }
 
 func (s *sqliteStore) ListSites(ctx context.Context) ([]store.Site, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT `+siteColumns+` FROM sites ORDER BY name`)
-	if err != nil {
-		return nil, wrap("list sites", err)
-	}
-	defer rows.Close()
-	var out []store.Site
-	for rows.Next() {
-		site, err := scanSite(rows)
-		if err != nil {
-			return nil, wrap("list sites", err)
-		}
-		out = append(out, site)
-	}
-	return out, wrap("list sites", rows.Err())
+	return queryAll(ctx, s.r, "list sites", scanSite, `SELECT `+siteColumns+` FROM sites ORDER BY name`)
 }
 
 func (s *sqliteStore) SetSiteHTTPProxy(ctx context.Context, name string, p *protocol.HTTPProxySection, at time.Time) (store.Site, error) {

@@ -56,20 +56,7 @@ func (s *sqliteStore) GetToken(ctx context.Context, id string) (store.Token, err
 }
 
 func (s *sqliteStore) ListTokens(ctx context.Context) ([]store.Token, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT `+tokenColumns+` FROM join_tokens ORDER BY id`)
-	if err != nil {
-		return nil, wrap("list tokens", err)
-	}
-	defer rows.Close()
-	var out []store.Token
-	for rows.Next() {
-		t, err := scanToken(rows)
-		if err != nil {
-			return nil, wrap("list tokens", err)
-		}
-		out = append(out, t)
-	}
-	return out, wrap("list tokens", rows.Err())
+	return queryAll(ctx, s.r, "list tokens", scanToken, `SELECT `+tokenColumns+` FROM join_tokens ORDER BY id`)
 }
 
 func (s *sqliteStore) RevokeToken(ctx context.Context, id string, at time.Time) error {

@@ -104,20 +104,7 @@ func (s *sqliteStore) GetTPMEnrollment(ctx context.Context, ek string) (store.TP
 }
 
 func (s *sqliteStore) ListTPMEnrollments(ctx context.Context) ([]store.TPMEnrollment, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT `+enrollmentColumns+` FROM tpm_enrollments ORDER BY created_at, ek_sha256`)
-	if err != nil {
-		return nil, wrap("list TPM enrollments", err)
-	}
-	defer rows.Close()
-	var out []store.TPMEnrollment
-	for rows.Next() {
-		e, err := scanEnrollment(rows)
-		if err != nil {
-			return nil, wrap("list TPM enrollments", err)
-		}
-		out = append(out, e)
-	}
-	return out, wrap("list TPM enrollments", rows.Err())
+	return queryAll(ctx, s.r, "list TPM enrollments", scanEnrollment, `SELECT `+enrollmentColumns+` FROM tpm_enrollments ORDER BY created_at, ek_sha256`)
 }
 
 func (s *sqliteStore) RevokeTPMEnrollment(ctx context.Context, ek string, at time.Time) error {
@@ -176,18 +163,5 @@ func (s *sqliteStore) GetPoolPolicy(ctx context.Context, pool string) (store.Poo
 }
 
 func (s *sqliteStore) ListPoolPolicies(ctx context.Context) ([]store.PoolPolicy, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT pool, join_attestors, updated_at FROM pool_policies ORDER BY pool`)
-	if err != nil {
-		return nil, wrap("list pool policies", err)
-	}
-	defer rows.Close()
-	var out []store.PoolPolicy
-	for rows.Next() {
-		p, err := scanPolicy(rows)
-		if err != nil {
-			return nil, wrap("list pool policies", err)
-		}
-		out = append(out, p)
-	}
-	return out, wrap("list pool policies", rows.Err())
+	return queryAll(ctx, s.r, "list pool policies", scanPolicy, `SELECT pool, join_attestors, updated_at FROM pool_policies ORDER BY pool`)
 }
