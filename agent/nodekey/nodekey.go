@@ -9,7 +9,6 @@ package nodekey
 
 import (
 	"crypto"
-	"crypto/x509"
 	"encoding/base64"
 	"encoding/pem"
 	"errors"
@@ -237,13 +236,4 @@ func (h *Host) Activate(ch *protocol.TPMChallenge) ([]byte, error) {
 		return nil, err
 	}
 	return t.ActivateCredential(ak, blob, secret)
-}
-
-// EKPEM parses a PEM public key as the claims carry it, for tests and checks.
-func EKPEM(s string) (crypto.PublicKey, error) {
-	blk, _ := pem.Decode([]byte(s))
-	if blk == nil {
-		return nil, errors.New("not PEM")
-	}
-	return x509.ParsePKIXPublicKey(blk.Bytes)
 }

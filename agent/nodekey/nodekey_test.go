@@ -1,9 +1,12 @@
 package nodekey
 
 import (
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/sha256"
+	"crypto/x509"
 	"encoding/base64"
+	"encoding/pem"
 	"errors"
 	"path/filepath"
 	"strings"
@@ -80,7 +83,7 @@ func TestHostWithSWTPM(t *testing.T) {
 	if err := tpmattest.VerifyCertify(dec(ev.AKPublic), dec(ev.CertifyInfo), dec(ev.CertifySignature), key.Public(), csr[:]); err != nil {
 		t.Errorf("the evidence does not verify: %v", err)
 	}
-	ekPub, err := EKPEM(claim)
+	ekPub, err := parsePublicPEM(claim)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,4 +111,13 @@ func TestHostWithSWTPM(t *testing.T) {
 	if _, file, err := h.New(); err != nil || !strings.HasPrefix(string(file), "-----BEGIN PRIVATE KEY-----") {
 		t.Errorf("token join with a dead TPM: %v", err)
 	}
+}
+
+// parsePublicPEM parses a PEM public key as the claims carry it.
+func parsePublicPEM(s string) (crypto.PublicKey, error) {
+	blk, _ := pem.Decode([]byte(s))
+	if blk == nil {
+		return nil, errors.New("not PEM")
+	}
+	return x509.ParsePKIXPublicKey(blk.Bytes)
 }

@@ -3,7 +3,6 @@ package api
 import (
 	"context"
 	"encoding/json"
-	"github.com/better-compute/bcd/controlplane/ids"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -150,7 +149,7 @@ func (s *Server) Handler() http.Handler {
 	op("GET /pools/{pool}/policy", s.getPoolPolicy)
 	op("PUT /pools/{pool}/policy", s.setPoolPolicy)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		httpjson.WriteJSON(w, http.StatusNotFound, httpjson.Errorf(protocol.CodeNotFound, "no such route: %s %s", r.Method, short(r.URL.Path)))
+		httpjson.WriteJSON(w, http.StatusNotFound, httpjson.Errorf(protocol.CodeNotFound, "no such route: %s %s", r.Method, human.ShortN(r.URL.Path, 80)))
 	})
 	downloads := b + "/downloads/"
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -222,8 +221,6 @@ func (s *Server) authorize(ctx context.Context, r *http.Request) error {
 	return nil
 }
 
-func checkName(what, v string) error { return ids.CheckName(what, v) }
-
 func (s *Server) specChanged(site string) {
 	if s.Notifier != nil {
 		s.Notifier.SpecChanged(site)
@@ -235,4 +232,3 @@ func decode(r *http.Request, v any) error {
 }
 
 // short cuts a value quoted back in an error; human owns how.
-func short(s string) string { return human.ShortN(s, 80) }

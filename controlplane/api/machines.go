@@ -12,6 +12,7 @@ import (
 	"github.com/better-compute/bcd/controlplane/ids"
 	"github.com/better-compute/bcd/controlplane/machines"
 	"github.com/better-compute/bcd/controlplane/store"
+	"github.com/better-compute/bcd/internal/human"
 	"github.com/better-compute/bcd/protocol"
 )
 
@@ -52,7 +53,7 @@ func (s *Server) clearProxy(w http.ResponseWriter, r *http.Request) error {
 func (s *Server) writeProxy(w http.ResponseWriter, r *http.Request, name string, p *protocol.HTTPProxySection) error {
 	site, err := s.Store.SetSiteHTTPProxy(r.Context(), name, p, s.now())
 	if errors.Is(err, store.ErrNotFound) {
-		return httpjson.Errorf(protocol.CodeNotFound, "site %s does not exist", short(name))
+		return httpjson.Errorf(protocol.CodeNotFound, "site %s does not exist", human.ShortN(name, 80))
 	}
 	if err != nil {
 		return err
@@ -70,11 +71,11 @@ func checkHostPort(what, v string, ipOnly bool) error {
 	p, perr := strconv.Atoi(port)
 	switch {
 	case err != nil || perr != nil || p < 1 || p > 65535 || host == "":
-		return httpjson.Errorf(protocol.CodeInvalidInput, "%s %q: want host:port (e.g. 10.20.0.2:3128)", what, short(v))
+		return httpjson.Errorf(protocol.CodeInvalidInput, "%s %q: want host:port (e.g. 10.20.0.2:3128)", what, human.ShortN(v, 80))
 	case ipOnly && net.ParseIP(host) == nil:
-		return httpjson.Errorf(protocol.CodeInvalidInput, "%s %q: want an IP address and port the site agent listens on", what, short(v))
+		return httpjson.Errorf(protocol.CodeInvalidInput, "%s %q: want an IP address and port the site agent listens on", what, human.ShortN(v, 80))
 	case net.ParseIP(host) == nil && !validDNSName(host):
-		return httpjson.Errorf(protocol.CodeInvalidInput, "%s %q: %q is not an IP address or DNS name", what, short(v), short(host))
+		return httpjson.Errorf(protocol.CodeInvalidInput, "%s %q: %q is not an IP address or DNS name", what, human.ShortN(v, 80), human.ShortN(host, 80))
 	}
 	return nil
 }
@@ -147,11 +148,11 @@ func (s *Server) machine(r *http.Request) (store.Machine, error) {
 			for i, x := range ms {
 				sites[i] = x.Site + ": " + x.ID
 			}
-			return m, httpjson.Errorf(protocol.CodeInvalidInput, "machine name %s is used in several sites (%s); give the machine id", short(ref), strings.Join(sites, ", "))
+			return m, httpjson.Errorf(protocol.CodeInvalidInput, "machine name %s is used in several sites (%s); give the machine id", human.ShortN(ref, 80), strings.Join(sites, ", "))
 		}
 	}
 	if errors.Is(err, store.ErrNotFound) {
-		return m, httpjson.Errorf(protocol.CodeNotFound, "machine %s does not exist (give its id, name or a MAC)", short(ref))
+		return m, httpjson.Errorf(protocol.CodeNotFound, "machine %s does not exist (give its id, name or a MAC)", human.ShortN(ref, 80))
 	}
 	return m, err
 }
@@ -180,7 +181,7 @@ func bmcInput(in apitype.MachineBMCInput) *machines.BMCInput {
 func (s *Server) listMachines(w http.ResponseWriter, r *http.Request) error {
 	site := r.URL.Query().Get("site")
 	if site != "" {
-		if err := checkName("site", site); err != nil {
+		if err := ids.CheckName("site", site); err != nil {
 			return err
 		}
 	}
@@ -303,7 +304,7 @@ func (s *Server) machineEvents(w http.ResponseWriter, r *http.Request) error {
 	if v := r.URL.Query().Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > 10000 {
-			return httpjson.Errorf(protocol.CodeInvalidInput, "limit %q: want 1 to 10000", short(v))
+			return httpjson.Errorf(protocol.CodeInvalidInput, "limit %q: want 1 to 10000", human.ShortN(v, 80))
 		}
 		limit = n
 	}

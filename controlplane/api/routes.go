@@ -12,6 +12,7 @@ import (
 	"github.com/better-compute/bcd/controlplane/ids"
 	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/controlplane/token"
+	"github.com/better-compute/bcd/internal/human"
 	"github.com/better-compute/bcd/protocol"
 )
 
@@ -20,17 +21,17 @@ func (s *Server) createToken(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(r, &in); err != nil {
 		return err
 	}
-	if err := checkName("pool", in.Pool); err != nil {
+	if err := ids.CheckName("pool", in.Pool); err != nil {
 		return err
 	}
-	if err := checkName("site", in.Site); err != nil {
+	if err := ids.CheckName("site", in.Site); err != nil {
 		return err
 	}
 	if in.Role != protocol.RoleNode && in.Role != protocol.RoleSite {
-		return httpjson.Errorf(protocol.CodeInvalidInput, "role %q: want node or site", short(in.Role))
+		return httpjson.Errorf(protocol.CodeInvalidInput, "role %q: want node or site", human.ShortN(in.Role, 80))
 	}
 	if in.NodeID != "" && !protocol.ValidNodeID(in.NodeID) {
-		return httpjson.Errorf(protocol.CodeInvalidInput, "node_id %q: want 1 to 64 characters of a-z, 0-9, _ and -", short(in.NodeID))
+		return httpjson.Errorf(protocol.CodeInvalidInput, "node_id %q: want 1 to 64 characters of a-z, 0-9, _ and -", human.ShortN(in.NodeID, 80))
 	}
 	ttl := DefaultTokenTTL
 	if in.TTLSeconds != 0 {
@@ -75,7 +76,7 @@ func (s *Server) revokeToken(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
 	if err := s.Store.RevokeToken(r.Context(), id, s.now()); err != nil {
 		if errors.Is(err, store.ErrNotFound) {
-			return httpjson.Errorf(protocol.CodeNotFound, "join token %s does not exist", short(id))
+			return httpjson.Errorf(protocol.CodeNotFound, "join token %s does not exist", human.ShortN(id, 80))
 		}
 		return err
 	}
@@ -93,7 +94,7 @@ func (s *Server) createSite(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(r, &in); err != nil {
 		return err
 	}
-	if err := checkName("site", in.Name); err != nil {
+	if err := ids.CheckName("site", in.Name); err != nil {
 		return err
 	}
 	switch in.Approval {
@@ -101,7 +102,7 @@ func (s *Server) createSite(w http.ResponseWriter, r *http.Request) error {
 		in.Approval = store.ApprovalAuto
 	case store.ApprovalAuto, store.ApprovalManual:
 	default:
-		return httpjson.Errorf(protocol.CodeInvalidInput, "approval %q: want auto or manual", short(in.Approval))
+		return httpjson.Errorf(protocol.CodeInvalidInput, "approval %q: want auto or manual", human.ShortN(in.Approval, 80))
 	}
 	site := store.Site{Name: in.Name, Approval: in.Approval, SpecRevision: 1, CreatedAt: s.now()}
 	if err := s.Store.CreateSite(r.Context(), site); err != nil {
@@ -142,7 +143,7 @@ func (s *Server) node(r *http.Request) (store.Node, error) {
 	id := r.PathValue("id")
 	n, err := s.Store.GetNode(r.Context(), id)
 	if errors.Is(err, store.ErrNotFound) {
-		return n, httpjson.Errorf(protocol.CodeNotFound, "node %s does not exist", short(id))
+		return n, httpjson.Errorf(protocol.CodeNotFound, "node %s does not exist", human.ShortN(id, 80))
 	}
 	return n, err
 }
@@ -151,9 +152,9 @@ func (s *Server) node(r *http.Request) (store.Node, error) {
 func nodeErr(id string, err error) error {
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		return httpjson.Errorf(protocol.CodeNotFound, "node %s does not exist", short(id))
+		return httpjson.Errorf(protocol.CodeNotFound, "node %s does not exist", human.ShortN(id, 80))
 	case errors.Is(err, store.ErrNodeDeleted):
-		return httpjson.Errorf(protocol.CodeNodeRevoked, "node %s was deleted", short(id))
+		return httpjson.Errorf(protocol.CodeNodeRevoked, "node %s was deleted", human.ShortN(id, 80))
 	}
 	return err
 }
@@ -203,7 +204,7 @@ func (s *Server) createCommand(w http.ResponseWriter, r *http.Request) error {
 		return nodeErr(n.ID, store.ErrNodeDeleted)
 	}
 	if !protocol.KindAllowed(n.Role, in.Kind) {
-		return httpjson.Errorf(protocol.CodeUnsupported, "a %s does not run %q commands", n.Role, short(in.Kind))
+		return httpjson.Errorf(protocol.CodeUnsupported, "a %s does not run %q commands", n.Role, human.ShortN(in.Kind, 80))
 	}
 	params := bytes.TrimSpace(in.Params)
 	if len(params) > 0 && !bytes.Equal(params, []byte("null")) {
@@ -232,7 +233,7 @@ func (s *Server) getCommand(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
 	c, err := s.Store.GetCommand(r.Context(), id)
 	if errors.Is(err, store.ErrNotFound) {
-		return httpjson.Errorf(protocol.CodeNotFound, "command %s does not exist", short(id))
+		return httpjson.Errorf(protocol.CodeNotFound, "command %s does not exist", human.ShortN(id, 80))
 	}
 	if err != nil {
 		return err

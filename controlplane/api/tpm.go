@@ -7,8 +7,10 @@ import (
 
 	"github.com/better-compute/bcd/controlplane/apitype"
 	"github.com/better-compute/bcd/controlplane/httpjson"
+	"github.com/better-compute/bcd/controlplane/ids"
 	"github.com/better-compute/bcd/controlplane/machines"
 	"github.com/better-compute/bcd/controlplane/store"
+	"github.com/better-compute/bcd/internal/human"
 	"github.com/better-compute/bcd/protocol"
 )
 
@@ -48,10 +50,10 @@ func (s *Server) createEnrollment(w http.ResponseWriter, r *http.Request) error 
 	if err := machines.CheckEKSHA256(in.EKSHA256); err != nil {
 		return err
 	}
-	if err := checkName("site", in.Site); err != nil {
+	if err := ids.CheckName("site", in.Site); err != nil {
 		return err
 	}
-	if err := checkName("pool", in.Pool); err != nil {
+	if err := ids.CheckName("pool", in.Pool); err != nil {
 		return err
 	}
 	e := store.TPMEnrollment{EKSHA256: in.EKSHA256, Site: in.Site, Pool: in.Pool, CreatedAt: s.now()}
@@ -115,7 +117,7 @@ func (s *Server) revokeEnrollment(w http.ResponseWriter, r *http.Request) error 
 
 func (s *Server) setPoolPolicy(w http.ResponseWriter, r *http.Request) error {
 	pool := r.PathValue("pool")
-	if err := checkName("pool", pool); err != nil {
+	if err := ids.CheckName("pool", pool); err != nil {
 		return err
 	}
 	var in apitype.PoolPolicySet
@@ -125,7 +127,7 @@ func (s *Server) setPoolPolicy(w http.ResponseWriter, r *http.Request) error {
 	p := store.PoolPolicy{Pool: pool, UpdatedAt: s.now()}
 	for _, a := range in.JoinAttestors {
 		if !slices.Contains(attestors, a) {
-			return httpjson.Errorf(protocol.CodeInvalidInput, "join_attestors: %q is not an attestor (want %s, %s, %s or %s)", short(a),
+			return httpjson.Errorf(protocol.CodeInvalidInput, "join_attestors: %q is not an attestor (want %s, %s, %s or %s)", human.ShortN(a, 80),
 				attestors[0], attestors[1], attestors[2], attestors[3])
 		}
 		if !slices.Contains(p.JoinAttestors, a) {
@@ -142,7 +144,7 @@ func (s *Server) setPoolPolicy(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Server) getPoolPolicy(w http.ResponseWriter, r *http.Request) error {
 	pool := r.PathValue("pool")
-	if err := checkName("pool", pool); err != nil {
+	if err := ids.CheckName("pool", pool); err != nil {
 		return err
 	}
 	p, err := s.Store.GetPoolPolicy(r.Context(), pool)

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/better-compute/bcd/internal/human"
 	"github.com/better-compute/bcd/protocol"
 )
 
@@ -202,21 +203,13 @@ func (d *DeployCreate) Normalize() {
 // without the files each attempt adds. The error names the field at fault.
 func (d DeployCreate) Validate() error {
 	if d.After != protocol.AfterKexec && d.After != protocol.AfterReboot {
-		return fmt.Errorf("after %q: a deployment ends with the installed OS running: want kexec or reboot", cut(d.After))
+		return fmt.Errorf("after %q: a deployment ends with the installed OS running: want kexec or reboot", human.Short(d.After))
 	}
 	if !protocol.ValidName(d.Pool) {
-		return fmt.Errorf("pool %q: %s", cut(d.Pool), protocol.NameRule)
+		return fmt.Errorf("pool %q: %s", human.Short(d.Pool), protocol.NameRule)
 	}
 	p := protocol.DeployImageParams{Image: d.Image, Target: d.Target, After: protocol.DeployAfter{Action: d.After, Cmdline: d.Cmdline}}
 	return p.Validate()
-}
-
-// cut shortens a value quoted back in an error.
-func cut(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "…"
-	}
-	return s
 }
 
 // DeploySpec is what a deployment installs.

@@ -102,11 +102,11 @@ func ParseTimeouts(s string) (Timeouts, error) {
 		key, val, ok := strings.Cut(strings.TrimSpace(part), "=")
 		key = strings.TrimSpace(key)
 		if !ok || key == "" {
-			return Timeouts{}, fmt.Errorf("lifecycle timeouts: %q: want key=duration (keys bmc, ramdisk, inventory, deploy, install, grace)", short(part))
+			return Timeouts{}, fmt.Errorf("lifecycle timeouts: %q: want key=duration (keys bmc, ramdisk, inventory, deploy, install, grace)", human.Short(part))
 		}
 		dst, known := fields[key]
 		if !known {
-			return Timeouts{}, fmt.Errorf("lifecycle timeouts: unknown key %q (want bmc, ramdisk, inventory, deploy, install or grace)", short(key))
+			return Timeouts{}, fmt.Errorf("lifecycle timeouts: unknown key %q (want bmc, ramdisk, inventory, deploy, install or grace)", human.Short(key))
 		}
 		if seen[key] {
 			return Timeouts{}, fmt.Errorf("lifecycle timeouts: %s given twice", key)
@@ -114,7 +114,7 @@ func ParseTimeouts(s string) (Timeouts, error) {
 		seen[key] = true
 		d, err := time.ParseDuration(strings.TrimSpace(val))
 		if err != nil {
-			return Timeouts{}, fmt.Errorf("lifecycle timeouts: %s: %q is not a duration such as 90s or 10m", key, short(val))
+			return Timeouts{}, fmt.Errorf("lifecycle timeouts: %s: %q is not a duration such as 90s or 10m", key, human.Short(val))
 		}
 		if d <= 0 || d > maxTimeout {
 			return Timeouts{}, fmt.Errorf("lifecycle timeouts: %s=%s: want more than 0 and at most %s", key, d, maxTimeout)
@@ -125,4 +125,3 @@ func ParseTimeouts(s string) (Timeouts, error) {
 }
 
 // short cuts a value quoted back in an error; human owns how.
-func short(s string) string { return human.Short(s) }
