@@ -391,17 +391,23 @@ func (a *Agent) claims(ctx context.Context) protocol.Claims {
 	return Claims(ctx)
 }
 
+// tpmEK is the machine's EK claim, read once: deriving the EK is a
+// TPM2_CreatePrimary, which a real TPM takes seconds over, and the join and
+// every inventory would otherwise each do it.
+var tpmEK = sync.OnceValue(func() string {
+	host := &nodekey.Host{}
+	defer host.Close()
+	ek, _ := host.EKClaim() // no TPM, or one that does not answer: no claim
+	return ek
+})
+
 // Claims reads this machine's claims, with its TPM's endorsement key where
 // it has one: discovery can then tie the ramdisk and the installed OS (whose
 // joins carry the same EK) to the same hardware, and an operator enrolls the
 // EK from the machine's inventory (better-compute machines enroll-tpm).
 func Claims(ctx context.Context) protocol.Claims {
 	c := agent.ClaimsSource{}.Collect(ctx)
-	host := &nodekey.Host{}
-	if ek, err := host.EKClaim(); err == nil {
-		c.TPMEK = ek
-	}
-	host.Close()
+	c.TPMEK = tpmEK()
 	if disks, err := (deploy.SysBlock{}).List(); err == nil {
 		c.Disks = c.Disks[:0]
 		for _, d := range disks {
