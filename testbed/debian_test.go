@@ -200,18 +200,9 @@ func TestDebianFleet(t *testing.T) {
 	if !strings.HasSuffix(exit, " 0") {
 		fail(fmt.Errorf("script1: %s", exit))
 	}
-	var scripted FleetNode
-	if err := waitFor(sctx, 10*time.Minute, func() bool {
-		nodes, _ := f.Nodes()
-		for _, n := range nodes {
-			if n.Pool == "scripted" && n.Role == "node" {
-				scripted = n
-				return n.State == "ready" && n.Connected
-			}
-		}
-		return false
-	}); err != nil {
-		fail(fmt.Errorf("script1: no ready, connected node in pool scripted (last %+v)", scripted))
+	scripted, err := waitPoolNode(sctx, f, "scripted", 10*time.Minute)
+	if err != nil {
+		fail(fmt.Errorf("script1: %w", err))
 	}
 	scriptReady := time.Now()
 	if !strings.Contains(scripted.DaemonVersion, debianRelease) {
@@ -409,4 +400,30 @@ func TestDebianKernelMessageStrip(t *testing.T) {
 			t.Errorf("%q → %q, want %q", in, got, want)
 		}
 	}
+}
+
+// waitReadyNode waits for the node of role node that match picks to be ready
+// and connected, and returns it (as last seen, with the error, when it is
+// not); what names it in the error.
+func waitReadyNode(ctx context.Context, f *Fleet, what string, match func(FleetNode) bool, timeout time.Duration) (FleetNode, error) {
+	var last FleetNode
+	err := waitFor(ctx, timeout, func() bool {
+		nodes, _ := f.Nodes()
+		for _, n := range nodes {
+			if n.Role == "node" && match(n) {
+				last = n
+				return n.State == "ready" && n.Connected
+			}
+		}
+		return false
+	})
+	if err != nil {
+		return last, fmt.Errorf("no ready, connected node %s (last %+v)", what, last)
+	}
+	return last, nil
+}
+
+// waitPoolNode is waitReadyNode for the node in pool.
+func waitPoolNode(ctx context.Context, f *Fleet, pool string, timeout time.Duration) (FleetNode, error) {
+	return waitReadyNode(ctx, f, "in pool "+pool, func(n FleetNode) bool { return n.Pool == pool }, timeout)
 }

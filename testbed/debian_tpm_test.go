@@ -214,18 +214,9 @@ func TestDebianTPM(t *testing.T) {
 	if !strings.Contains(line, "/dev/tpmrm0 present") {
 		fail(fmt.Errorf("tpm1: %s: the guest's kernel does not drive the TPM", line))
 	}
-	var n1 FleetNode
-	if err := waitFor(wctx, 20*time.Minute, func() bool {
-		nodes, _ := f.Nodes()
-		for _, n := range nodes {
-			if n.Pool == "tpm-enrolled" && n.Role == "node" {
-				n1 = n
-				return n.State == "ready" && n.Connected
-			}
-		}
-		return false
-	}); err != nil {
-		fail(fmt.Errorf("tpm1: no ready, connected node in pool tpm-enrolled (last %+v)", n1))
+	n1, err := waitPoolNode(wctx, f, "tpm-enrolled", 20*time.Minute)
+	if err != nil {
+		fail(fmt.Errorf("tpm1: %w", err))
 	}
 	scriptAt, ready1 := clock.get("tpm1 start"), clock.get("node "+n1.ID)
 	if !strings.Contains(n1.DaemonVersion, debianRelease) {
@@ -293,18 +284,9 @@ func TestDebianTPM(t *testing.T) {
 	if !strings.HasSuffix(exit, " 0") {
 		fail(fmt.Errorf("tpm2: %s", exit))
 	}
-	var n2 FleetNode
-	if err := waitFor(wctx, 10*time.Minute, func() bool {
-		nodes, _ := f.Nodes()
-		for _, n := range nodes {
-			if n.ID != n1.ID && n.Role == "node" {
-				n2 = n
-				return n.State == "ready" && n.Connected
-			}
-		}
-		return false
-	}); err != nil {
-		fail(fmt.Errorf("tpm2: no ready, connected node after the approval (last %+v)", n2))
+	n2, err := waitReadyNode(wctx, f, "after the approval", func(n FleetNode) bool { return n.ID != n1.ID }, 10*time.Minute)
+	if err != nil {
+		fail(fmt.Errorf("tpm2: %w", err))
 	}
 	ready2 := clock.get("node " + n2.ID)
 	show, err := f.BC("machines", "show", tpm2.name)
