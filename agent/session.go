@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -228,6 +229,7 @@ func (s *Session) connect(ctx context.Context, first bool) (welcomed bool, err e
 		Role:            s.Identity.Role,
 		DaemonVersion:   version.Version,
 		BootID:          s.BootID,
+		DaemonArch:      runtime.GOARCH,
 		Claims:          s.Claims,
 	}
 	if err := writeFrame(hctx, conn, protocol.FrameHello, hello); err != nil {

@@ -253,12 +253,15 @@ func (f Frame) Decode(v any) error {
 
 // Hello is the agent's first frame.
 type Hello struct {
-	ProtocolVersion int     `json:"protocol_version"`
-	NodeID          string  `json:"node_id"`
-	Role            string  `json:"role"`
-	DaemonVersion   string  `json:"daemon_version"`
-	BootID          string  `json:"boot_id"`
-	Claims          *Claims `json:"claims,omitempty"`
+	ProtocolVersion int    `json:"protocol_version"`
+	NodeID          string `json:"node_id"`
+	Role            string `json:"role"`
+	DaemonVersion   string `json:"daemon_version"`
+	BootID          string `json:"boot_id"`
+	// DaemonArch is the GOARCH bcd was built for: which bare binary of a
+	// release (bcd_<version>_linux_<arch>) a rollout hands this agent.
+	DaemonArch string  `json:"daemon_arch,omitempty"`
+	Claims     *Claims `json:"claims,omitempty"`
 }
 
 // Welcome is the gateway's answer to Hello.
@@ -364,7 +367,7 @@ const (
 )
 
 var kindsByRole = map[string][]string{
-	RoleSite:    {KindBMCPower, KindBMCBootdev, KindBMCInventory},
+	RoleSite:    {KindBMCPower, KindBMCBootdev, KindBMCInventory, KindDaemonUpgrade},
 	RoleRamdisk: {KindInventory, KindDeployImage, KindDiskWipe, KindDiagDCGM, KindMachineKexec, KindMachineReboot, KindMachineOff},
 	RoleNode:    {KindNodeReboot, KindDaemonUpgrade},
 }
