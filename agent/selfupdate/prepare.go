@@ -42,7 +42,9 @@ type Plan struct {
 // nil error when sec names the running version: nothing to do. Every reason
 // not to take the release is a *Refusal; nothing on the host changes but the
 // staging file. serverNow is the server's clock (the Welcome's server_time);
-// zero checks the expiry on the host clock only.
+// zero checks the expiry on the host clock only. Prepare does not hold the
+// host's update lock (a download may take minutes, and bcd update --rollback
+// must not wait on it); Swap checks the records again under the lock.
 func (m *Manager) Prepare(ctx context.Context, sec protocol.DaemonSection, serverNow time.Time) (*Plan, error) {
 	if len(m.o.Pins) == 0 {
 		return nil, refuse(CodeNoReleasePins, "[update] release_pins is empty: bcd takes no binary without pinned release keys")
