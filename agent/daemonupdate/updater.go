@@ -27,8 +27,8 @@ var ErrExec = errors.New("self-update swapped the binary: exec the entrypoint")
 // ReasonUpdated is the reason of a daemon.upgrade's SUCCEEDED.
 const ReasonUpdated = "Updated"
 
-// flushWait is how long daemon.upgrade waits for the gateway to acknowledge
-// RUNNING before the exec; the journal replays it after the Welcome either way.
+// flushWait is how long an update waits for the gateway to acknowledge RUNNING
+// before the swap.
 const flushWait = 2 * time.Second
 
 // OptionsFor is selfupdate.OptionsFor for a daemon: the download client (the
@@ -360,15 +360,15 @@ func (u *Updater) update(sec protocol.DaemonSection, commandID string, revision 
 	if plan == nil {
 		return errNothingToDo
 	}
+	// RUNNING reaches the gateway now if it can, before the deadline starts
+	// counting; the journal replays it after the Welcome either way.
+	fctx, cancel := context.WithTimeout(u.ctx, flushWait)
+	_ = u.session.Flush(fctx)
+	cancel()
 	if err := u.m.Swap(u.ctx, plan, commandID, revision); err != nil {
 		return err
 	}
 	u.log.Warn("self-update: swapped; closing everything to exec the new binary", "from", u.running, "to", plan.Version, "sequence", plan.Sequence)
-	if commandID != "" {
-		fctx, cancel := context.WithTimeout(u.ctx, flushWait)
-		_ = u.session.Flush(fctx)
-		cancel()
-	}
 	u.requestExec()
 	return nil
 }
