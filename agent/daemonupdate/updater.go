@@ -61,10 +61,16 @@ func OptionsFor(c *config.Config, configPath string, log *slog.Logger) (selfupda
 // ForConfig is New(OptionsFor(c, configPath, log)): the updater bcd node and
 // bcd site run. An [update] it cannot work with does not stop the daemon: every
 // release is then refused with the reason.
-func ForConfig(c *config.Config, configPath string, log *slog.Logger) *Updater {
+// Each edit, if any, changes the options first (a test's temp unit directory).
+func ForConfig(c *config.Config, configPath string, log *slog.Logger, edit ...func(*selfupdate.Options)) *Updater {
 	o, err := OptionsFor(c, configPath, log)
 	if err != nil {
 		return disabled(err, o.Running, log)
+	}
+	for _, e := range edit {
+		if e != nil {
+			e(&o)
+		}
 	}
 	return New(o)
 }
