@@ -30,10 +30,21 @@ import (
 //     (ReleaseRefused) until bcd update --clear-failed;
 //  3. daemon.upgrade takes 0.1.1 to 0.1.3: RUNNING from the old process,
 //     SUCCEEDED from the new one.
+//
+// A labfault_crash build (0.1.4) is only checked to exit 1 at once: the crash
+// loop's rollback needs systemd (the Debian lab).
 func TestSelfUpdateRealExec(t *testing.T) {
 	start := time.Now()
-	bins := buildReleases(t, map[string]string{"0.1.0": "fakehw", "0.1.1": "fakehw", "0.1.2": "fakehw,labfault_nowelcome", "0.1.3": "fakehw"})
-	t.Logf("built four releases in %s", time.Since(start).Round(time.Millisecond))
+	bins := buildReleases(t, map[string]string{"0.1.0": "fakehw", "0.1.1": "fakehw", "0.1.2": "fakehw,labfault_nowelcome", "0.1.3": "fakehw",
+		"0.1.4": "fakehw,labfault_crash"})
+	t.Logf("built five releases in %s", time.Since(start).Round(time.Millisecond))
+	// The crash-loop build exits 1 before it reads anything, for systemd to
+	// restart until bcd-rollback.service restores the previous slot.
+	for _, mode := range []string{"node", "site"} {
+		if r := run(t, bins["0.1.4"], nil, "", mode, "--config", "/nonexistent"); r.code != 1 || !strings.Contains(r.stderr, "labfault_crash build: exiting at once") {
+			t.Errorf("labfault_crash bcd %s: %s", mode, r)
+		}
+	}
 
 	gw := newUpdateGateway(t)
 	rel := updatetest.New(t, gw.g.API)
@@ -59,7 +70,8 @@ func TestSelfUpdateRealExec(t *testing.T) {
 	cfg := gw.g.WriteConfig(t, dir, data)
 	appendFile(t, cfg, fmt.Sprintf("\n[update]\nrelease_pins = %q\nrelease_sequence = 10\nentrypoint = %q\n", rel.Pin, entry))
 
-	p := startAgentBin(t, entry, []string{"BCD_TEST_UPDATE_DEADLINE=5s"}, "node", "--config", cfg)
+	// The test hooks of a fakehw build, which the exec passes on.
+	p := startAgentBin(t, entry, []string{"BCD_TEST_UPDATE_DEADLINE=5s", "BCD_TEST_PROTOCOL_VERSION=7"}, "node", "--config", cfg)
 	pid := p.cmd.Process.Pid
 	fail := func(format string, args ...any) {
 		t.Helper()
@@ -153,6 +165,11 @@ func TestSelfUpdateRealExec(t *testing.T) {
 	exe("bcd-a")
 	if st := status(); st.Floor != 13 || st.Current != "a" || st.Slots["a"].Version != "0.1.3" || len(st.Failed) != 1 {
 		fail("after daemon.upgrade, bcd update says %+v", st)
+	}
+	for _, h := range gw.g.Hellos() {
+		if h.ProtocolVersion != 7 {
+			fail("bcd %s said protocol_version %d, want BCD_TEST_PROTOCOL_VERSION's 7", h.DaemonVersion, h.ProtocolVersion)
+		}
 	}
 	t.Logf("0.1.1 → 0.1.3 by daemon.upgrade in %s; the whole test %s", time.Since(step).Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 }
