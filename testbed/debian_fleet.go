@@ -49,6 +49,19 @@ type FleetNode struct {
 	Connected     bool   `json:"connected"`
 	SessionID     int64  `json:"session_id"`
 	DaemonVersion string `json:"daemon_version"`
+	DaemonArch    string `json:"daemon_arch"`
+	// DaemonSection is the node's last report on its spec's daemon section.
+	DaemonSection *FleetSection `json:"daemon_section"`
+}
+
+// FleetSection is a node's report on a section of its spec, as nodes list
+// -o json shows it.
+type FleetSection struct {
+	State    string `json:"state"`
+	Reason   string `json:"reason"`
+	Message  string `json:"message"`
+	Version  string `json:"version"`
+	Revision int64  `json:"revision"`
 }
 
 // Nodes lists the control plane's nodes.
@@ -63,6 +76,27 @@ func (f *Fleet) Nodes() ([]FleetNode, error) {
 	}
 	return nodes, nil
 }
+
+// Publish puts data on the lab's image server under name (a relative path,
+// atomically, for a machine polling for it through the site's proxy) and
+// returns its URL; PublishURL is that URL before anything is there.
+func (f *Fleet) Publish(name string, data []byte) (string, error) {
+	path := filepath.Join(filepath.Dir(f.imageZst), filepath.FromSlash(name))
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return "", err
+	}
+	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".tmp")
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return "", err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return "", err
+	}
+	return f.PublishURL(name), nil
+}
+
+// PublishURL is the URL at which Publish puts name.
+func (f *Fleet) PublishURL(name string) string { return "http://" + imageAddr + "/" + name }
 
 // MachineNode is the node of the machine's installed OS, as nodes list shows it.
 func (f *Fleet) MachineNode(m *FleetMachine) (FleetNode, bool) {
@@ -173,6 +207,9 @@ type DebianSeed struct {
 	Path string // absolute, in the root
 	Src  string // a file on this machine
 	Mode os.FileMode
+	// Link, instead of Src and Mode, makes Path a symlink to Link (a unit's
+	// wants link, as systemctl enable makes it).
+	Link string
 }
 
 // SeedDebianRoot writes files into the root of a DebianOS image with debugfs,
@@ -187,6 +224,10 @@ func SeedDebianRoot(img string, remove, dirs []string, files []DebianSeed) error
 		fmt.Fprintf(&cmds, "mkdir %s\nsif %s mode 040700\n", d, d)
 	}
 	for _, s := range files {
+		if s.Link != "" {
+			fmt.Fprintf(&cmds, "symlink %s %s\n", s.Path, s.Link)
+			continue
+		}
 		fmt.Fprintf(&cmds, "write %s %s\nsif %s mode 0%o\nsif %s uid 0\nsif %s gid 0\n", s.Src, s.Path, s.Path, 0o100000|uint32(s.Mode.Perm()), s.Path, s.Path)
 	}
 	cf, err := os.CreateTemp("", "bcd-debugfs-")

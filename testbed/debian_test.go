@@ -235,13 +235,21 @@ func buildDebianRelease(t *testing.T, bin FleetBinaries, repo, dir string) (dist
 	if err != nil {
 		t.Fatalf("release keygen: %v", err)
 	}
-	rel := exec.Command(filepath.Join(repo, "scripts/release.sh"))
-	rel.Dir = repo
-	rel.Env = append(os.Environ(), "VERSION="+debianRelease, "DIST="+dist, "BCD_RELEASE_KEYS="+releaseKey, "BCD_RELEASE_SEQUENCE=1", "BCD_RELEASE_EXPIRES=24h")
-	if out, err := rel.CombinedOutput(); err != nil {
-		t.Fatalf("scripts/release.sh: %v\n%s", err, out)
+	if err := runReleaseScript(repo, "VERSION="+debianRelease, "DIST="+dist, "BCD_RELEASE_KEYS="+releaseKey, "BCD_RELEASE_SEQUENCE=1", "BCD_RELEASE_EXPIRES=24h"); err != nil {
+		t.Fatal(err)
 	}
 	return dist, strings.TrimSpace(string(pinOut))
+}
+
+// runReleaseScript runs scripts/release.sh with env added to the test's.
+func runReleaseScript(repo string, env ...string) error {
+	rel := exec.Command(filepath.Join(repo, "scripts/release.sh"))
+	rel.Dir = repo
+	rel.Env = append(os.Environ(), env...)
+	if out, err := rel.CombinedOutput(); err != nil {
+		return fmt.Errorf("scripts/release.sh %s: %v\n%s", strings.Join(env, " "), err, out)
+	}
+	return nil
 }
 
 // logConsole logs the lab's own console lines (bcd-lab: …), the evidence of
