@@ -18,6 +18,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/better-compute/bcd/agent/journal"
+	"github.com/better-compute/bcd/internal/labfault"
 	"github.com/better-compute/bcd/internal/version"
 	"github.com/better-compute/bcd/protocol"
 )
@@ -156,6 +157,12 @@ func (s *Session) Run(ctx context.Context) error {
 	s.running = map[string]bool{}
 	s.mu.Unlock()
 	defer s.handlers.Wait()
+	if labfault.NoWelcome {
+		// A lab release that must never confirm a self-update (see labfault).
+		s.log().Error("this is a labfault_nowelcome build: never dialling the gateway")
+		<-ctx.Done()
+		return ctx.Err()
+	}
 	first := true
 	for attempt := 0; ; attempt++ {
 		welcomed, err := s.connect(ctx, first)
@@ -224,7 +231,7 @@ func (s *Session) connect(ctx context.Context, first bool) (welcomed bool, err e
 	conn.SetReadLimit(MaxFrameSize)
 
 	hello := protocol.Hello{
-		ProtocolVersion: protocol.Version,
+		ProtocolVersion: helloProtocolVersion(),
 		NodeID:          s.Identity.NodeID,
 		Role:            s.Identity.Role,
 		DaemonVersion:   version.Version,
@@ -239,9 +246,9 @@ func (s *Session) connect(ctx context.Context, first bool) (welcomed bool, err e
 	if err != nil {
 		return false, err
 	}
-	if w.MinProtocolVersion > protocol.Version {
+	if w.MinProtocolVersion > hello.ProtocolVersion {
 		s.log().Error("the gateway wants a newer protocol than this bcd speaks; upgrade bcd",
-			"min_protocol_version", w.MinProtocolVersion, "protocol_version", protocol.Version)
+			"min_protocol_version", w.MinProtocolVersion, "protocol_version", hello.ProtocolVersion)
 	}
 	s.mu.Lock()
 	s.upgradeRequired = w.UpgradeRequired

@@ -129,3 +129,43 @@ func ClientTLSConfigFor(current func() *Identity, servingCAPin, serverName strin
 	}
 	return cfg, nil
 }
+
+// DownloadTLSConfig is the client TLS configuration self-update downloads a
+// release with: a server is trusted when its chain verifies to the system roots
+// (a release on a public host), or when it holds the serving CA of
+// servingCAPin and the leaf verifies to it (the control plane's own downloads
+// route, served under its serving CA). An empty pin trusts the system roots
+// only. The download is checked against the signed manifest either way: TLS
+// only keeps the transfer private and the URL honest.
+func DownloadTLSConfig(servingCAPin string) (*tls.Config, error) {
+	if servingCAPin != "" {
+		if _, err := pki.ParsePin(servingCAPin); err != nil {
+			return nil, fmt.Errorf("serving_ca_spki_pin: %w", err)
+		}
+	}
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		// Replaced, not skipped: VerifyConnection runs on every handshake.
+		InsecureSkipVerify: true,
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 {
+				return &TrustError{Err: errors.New("the server sent no certificate")}
+			}
+			inter := x509.NewCertPool()
+			for _, c := range cs.PeerCertificates[1:] {
+				inter.AddCert(c)
+			}
+			_, sysErr := cs.PeerCertificates[0].Verify(x509.VerifyOptions{DNSName: cs.ServerName, Intermediates: inter})
+			if sysErr == nil {
+				return nil
+			}
+			if servingCAPin == "" {
+				return &TrustError{Err: sysErr}
+			}
+			if err := VerifyPinnedChain(cs.PeerCertificates, servingCAPin, cs.ServerName, time.Now()); err != nil {
+				return &TrustError{Err: fmt.Errorf("neither the system roots (%v) nor the serving CA vouch for it: %w", sysErr, err)}
+			}
+			return nil
+		},
+	}, nil
+}

@@ -193,6 +193,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		Handlers:     a.handlers(),
 		OnSpec: func(ctx context.Context, s protocol.Spec) {
 			a.console.Debug("desired state received; the ramdisk applies no section", "revision", s.Revision)
+			a.session.ReportDaemonUnsupported(s)
 		},
 		Claims:       &claims,
 		BootID:       bid,

@@ -10,7 +10,8 @@
 //
 // The script decides what it sets up from the configuration it ends up with,
 // not from the flags it was generated with: the plugin drop-in exactly when
-// config.toml has [plugins], helper mode exactly when it has [helper]. An
+// config.toml has [plugins], the self-update drop-in (40-bcd-update.conf)
+// exactly when it has [update], helper mode exactly when it has [helper]. An
 // upgrade run therefore keeps a node as it was.
 //
 // Choices the spec leaves open, made here:
@@ -27,6 +28,10 @@
 //     section, except that release_pins and release_threshold are added
 //     when it has no release_pins, release_sequence is added when missing,
 //     and release_sequence is raised, never lowered, to the manifest's.
+//   - The spec's unit has ProtectSystem=strict, under which even a root bcd
+//     cannot relink /usr/local/bin/bcd to its current slot or write
+//     bcd-rollback.service; 40-bcd-update.conf adds ReadWritePaths for
+//     /usr/local/bin and /etc/systemd/system, and nothing else.
 //   - Before anything is installed, the downloaded bcd checks the new
 //     config.toml (`bcd config check`), so a kept section the new version
 //     refuses stops the run with the old installation intact.

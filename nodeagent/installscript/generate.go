@@ -39,22 +39,22 @@ type updateView struct {
 // view is what the template sees: every value already checked, and already
 // in the form it is embedded in.
 type view struct {
-	Generator, PluginsDir           string
-	Pool, Site, Version             string
-	GatewayURL, DownloadsURL        string
-	Digests                         []digest
-	SHA256AMD64, SHA256ARM64        string
-	TPM, Unprivileged, Plugins      bool
-	Privileged, InstanceBridges     string
-	Install                         []plugin
-	Update                          *updateView
-	ConfigTop                       string
-	PluginsSection, HelperSection   string
-	UpdateSection                   string
-	JWK, ProxyCA                    string
-	BCDUnit, HelperUnit             string
-	PluginsDropIn, PrivilegedDropIn string
-	UnprivilegedDropIn              string
+	Generator, PluginsDir            string
+	Pool, Site, Version              string
+	GatewayURL, DownloadsURL         string
+	Digests                          []digest
+	SHA256AMD64, SHA256ARM64         string
+	TPM, Unprivileged, Plugins       bool
+	Privileged, InstanceBridges      string
+	Install                          []plugin
+	Update                           *updateView
+	ConfigTop                        string
+	PluginsSection, HelperSection    string
+	UpdateSection                    string
+	JWK, ProxyCA                     string
+	BCDUnit, HelperUnit              string
+	PluginsDropIn, PrivilegedDropIn  string
+	UnprivilegedDropIn, UpdateDropIn string
 }
 
 // Generate renders the install script for p. It checks p first with the
@@ -88,6 +88,7 @@ func Generate(p *Params) ([]byte, error) {
 		PluginsDropIn:      PluginsDropIn,
 		PrivilegedDropIn:   PrivilegedDropIn,
 		UnprivilegedDropIn: UnprivilegedDropIn,
+		UpdateDropIn:       UpdateDropIn,
 	}
 	for _, arch := range arches {
 		if s := p.SHA256[arch]; s != "" {

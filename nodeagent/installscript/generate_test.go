@@ -112,7 +112,7 @@ func TestScriptsEmbedNoSecretAndTheUnits(t *testing.T) {
 		for _, want := range []string{"\nset -eu\n", "\numask 077\n", "#   pool:      pool_h100\n", "#   site:      fsn1\n",
 			"#   bcd:       0.1.0\n", "#   attestor:  ", BCDUnit, "gateway_url = \"https://gw.eu.example.com\"\nsite = \"fsn1\"\n",
 			"DOWNLOADS='https://compute.example.com/bc/downloads'", `"$DOWNLOADS/bcd/$BCD_VERSION/linux-$arch"`,
-			"bcd upgraded to $BCD_VERSION and restarted.", PluginsDropIn + PrivilegedDropIn, HelperUnit, UnprivilegedDropIn} {
+			"bcd upgraded to $BCD_VERSION and restarted.", PluginsDropIn + PrivilegedDropIn, HelperUnit, UnprivilegedDropIn, UpdateDropIn} {
 			if !strings.Contains(s, want) {
 				t.Errorf("script lacks %q", want)
 			}
@@ -332,6 +332,8 @@ func TestSystemdAnalyzeVerifiesTheUnits(t *testing.T) {
 		{"plugins", map[string]string{"plugins.conf": PluginsDropIn}},
 		{"privileged", map[string]string{"plugins.conf": PluginsDropIn + PrivilegedDropIn}},
 		{"unprivileged", map[string]string{"unprivileged.conf": UnprivilegedDropIn}},
+		{"update", map[string]string{"40-bcd-update.conf": UpdateDropIn}},
+		{"update and plugins", map[string]string{"40-bcd-update.conf": UpdateDropIn, "plugins.conf": PluginsDropIn}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			root := t.TempDir()

@@ -57,6 +57,7 @@ func TestScriptRunsForReal(t *testing.T) {
 	}
 	root.wantAbsent(t, PluginsDropInPath)
 	root.wantAbsent(t, UnprivilegedDropInPath)
+	root.wantAbsent(t, UpdateDropInPath)
 	root.wantLog(t, "systemctl daemon-reload", "systemctl enable bcd.service", "systemctl restart bcd.service")
 	if strings.Contains(root.log(t), "useradd") {
 		t.Error("a root node got an account")
@@ -127,6 +128,9 @@ func TestScriptRunsForReal(t *testing.T) {
 		t.Errorf("config.toml with plugins from a release:\n%s", conf)
 	}
 	root.wantFile(t, PluginsDropInPath, []byte(PluginsDropIn), 0o644)
+	// [update] came with the signed release: self-update may write outside
+	// ProtectSystem=strict.
+	root.wantFile(t, UpdateDropInPath, []byte(UpdateDropIn), 0o644)
 	for _, bad := range []struct {
 		version string
 		members map[string]tarMember
@@ -169,6 +173,11 @@ func TestScriptRunsForReal(t *testing.T) {
 			t.Errorf("[update] %q became:\n%s\nwant it to end in:\n%s", tc.section, got, tc.want)
 		}
 	}
+	root.wantFile(t, UpdateDropInPath, []byte(UpdateDropIn), 0o644)
+	// Without [update] the drop-in goes, as plugins.conf does without [plugins].
+	root.writeFile(t, "/etc/bcd/config.toml", string(conf))
+	root.run(t, h.script(t, "0.1.1", nil), "", 0)
+	root.wantAbsent(t, UpdateDropInPath)
 
 	// --- --unprivileged: the account, both units, and /etc/bcd for the node.
 	root = h.newRoot(t)

@@ -17,6 +17,9 @@ const (
 	// UnprivilegedDropInPath is the helper-mode drop-in, present exactly
 	// when config.toml has a [helper] section.
 	UnprivilegedDropInPath = DropInDir + "/unprivileged.conf"
+	// UpdateDropInPath is the self-update drop-in, present exactly when
+	// config.toml has an [update] section.
+	UpdateDropInPath = DropInDir + "/40-bcd-update.conf"
 )
 
 // BCDUnit is bcd.service: bcd node as root, narrowed.
@@ -106,4 +109,15 @@ After=bcd-helper.service
 User=bcd
 Group=bcd
 SupplementaryGroups=systemd-journal adm
+`
+
+// UpdateDropIn opens the two directories self-update writes outside
+// bcd.service's own: under ProtectSystem=strict even root cannot relink
+// /usr/local/bin/bcd to the current slot, nor write bcd-rollback.service
+// and bcd.service.d/50-bcd-rollback.conf. The "-" prefix keeps a host
+// without one of them starting.
+const UpdateDropIn = `[Service]
+# Self-update ([update] in /etc/bcd/config.toml): bcd relinks /usr/local/bin/bcd to
+# its current slot and writes bcd-rollback.service, which ProtectSystem=strict forbids.
+ReadWritePaths=-/usr/local/bin -/etc/systemd/system
 `

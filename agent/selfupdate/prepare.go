@@ -1,0 +1,263 @@
+package selfupdate
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/better-compute/bcd/internal/human"
+	"github.com/better-compute/bcd/pki"
+	"github.com/better-compute/bcd/protocol"
+)
+
+// Product is the product a bcd release manifest must name.
+const Product = "bcd"
+
+// Plan is a verified update, ready for Swap.
+type Plan struct {
+	// Version is the release to swap to.
+	Version string
+	// Sequence is its manifest sequence.
+	Sequence int64
+
+	// fromSlot is set when the other slot already holds the release
+	// (step 5): nothing was downloaded.
+	fromSlot string
+	// name, size and digest of the staged binary, as the manifest lists it.
+	staged string
+	size   int64
+	sha256 string
+}
+
+// Prepare verifies sec (step 1) and downloads its binary into staging
+// (step 2), or finds it in the other slot (step 5). It returns a nil Plan and
+// nil error when sec names the running version: nothing to do. Every reason
+// not to take the release is a *Refusal; nothing on the host changes but the
+// staging file. serverNow is the server's clock (the Welcome's server_time);
+// zero checks the expiry on the host clock only.
+func (m *Manager) Prepare(ctx context.Context, sec protocol.DaemonSection, serverNow time.Time) (*Plan, error) {
+	if len(m.o.Pins) == 0 {
+		return nil, refuse(CodeNoReleasePins, "[update] release_pins is empty: bcd takes no binary without pinned release keys")
+	}
+	if !pki.ValidReleaseVersion(sec.Version) {
+		return nil, refuse(CodeSectionInvalid, "the daemon section's version %q is not a semantic version", human.ShortN(sec.Version, 80))
+	}
+	if pki.SameVersion(sec.Version, m.o.Running) {
+		return nil, nil
+	}
+	update, err := m.readUpdate()
+	if err != nil {
+		return nil, err
+	}
+	if f, ok := failedBefore(update, sec.Version); ok {
+		return nil, refuse(CodeFailedBefore, "bcd %s failed on this host at %s (%s); bcd update --clear-failed allows it again",
+			sec.Version, f.At.UTC().Format(time.RFC3339), f.Reason)
+	}
+	floor := m.floor(update)
+	if p, err := m.fromOtherSlot(sec, floor); p != nil || err != nil {
+		return p, err
+	}
+	if sec.Signature == "" {
+		return nil, refuse(pki.ErrReleaseUntrusted.Error(), "the daemon section for bcd %s carries no signed manifest", sec.Version)
+	}
+	if !hexSHA256.MatchString(sec.SHA256) {
+		return nil, refuse(CodeSectionInvalid, "the daemon section's sha256 is not 64 lowercase hex digits")
+	}
+	art, seq, err := m.verify(sec, floor, serverNow)
+	if err != nil {
+		return nil, err
+	}
+	u, err := url.Parse(sec.URL)
+	if err != nil || u.Scheme != "https" || u.Host == "" {
+		return nil, refuse(CodeInsecureURL, "the download URL %q is not https://", human.ShortN(sec.URL, 200))
+	}
+	if art.Size > m.o.MaxSize {
+		return nil, refuse(CodeTooLarge, "%s is %d bytes, more than the %d-byte limit", art.Name, art.Size, m.o.MaxSize)
+	}
+	p := &Plan{Version: strings.TrimPrefix(sec.Version, "v"), Sequence: seq, size: art.Size, sha256: art.SHA256}
+	p.staged = "bcd-" + p.Version
+	if err := m.download(ctx, sec.URL, p); err != nil {
+		return nil, err
+	}
+	m.log.Info("self-update: staged a verified release", "version", p.Version, "sequence", p.Sequence, "size", p.size)
+	return p, nil
+}
+
+// fromOtherSlot is step 5: the other slot's binary is taken without a
+// manifest only when slots.json records it as sec.Version with a known
+// sequence not below the floor. Below the floor it is refused outright, even
+// with a manifest, since that manifest is below the floor too.
+func (m *Manager) fromOtherSlot(sec protocol.DaemonSection, floor int64) (*Plan, error) {
+	current, err := m.linkedSlot(CurrentLink)
+	if err != nil || current == "" {
+		return nil, err
+	}
+	slots, err := m.readSlots()
+	if err != nil {
+		return nil, err
+	}
+	other, ok := slots.Slots[otherSlot(current)]
+	if !ok || !pki.SameVersion(other.Version, sec.Version) {
+		return nil, nil
+	}
+	switch {
+	case other.Sequence > 0 && other.Sequence >= floor:
+		return &Plan{Version: strings.TrimPrefix(sec.Version, "v"), Sequence: other.Sequence, fromSlot: otherSlot(current)}, nil
+	case other.Sequence > 0:
+		return nil, &Refusal{Code: pki.ErrReleaseRollback.Error(), Err: pki.ErrReleaseRollback, Message: fmt.Sprintf(
+			"bcd %s in slot %s has sequence %d, below the release floor %d", sec.Version, SlotFile(otherSlot(current)), other.Sequence, floor)}
+	}
+	// The sequence is unknown: only a verified manifest will do.
+	return nil, nil
+}
+
+// verify is step 1 on the manifest; it returns the binary's artifact and
+// the release's sequence.
+func (m *Manager) verify(sec protocol.DaemonSection, floor int64, serverNow time.Time) (pki.Artifact, int64, error) {
+	policy := pki.ReleasePolicy{
+		Pins: m.o.Pins, Threshold: m.o.Threshold, Product: Product,
+		Version: sec.Version, MinSequence: floor, Now: m.now(),
+	}
+	r, err := pki.VerifyRelease([]byte(sec.Signature), policy)
+	if err != nil {
+		return pki.Artifact{}, 0, releaseRefusal(err, " (host clock)")
+	}
+	if !serverNow.IsZero() {
+		policy.Now = serverNow
+		if err := r.Check(policy); err != nil {
+			return pki.Artifact{}, 0, releaseRefusal(err, " (server time)")
+		}
+	}
+	name := pki.BinaryName(Product, sec.Version, runtime.GOOS, runtime.GOARCH)
+	art, ok := r.Artifact(name)
+	if !ok {
+		return pki.Artifact{}, 0, &Refusal{Code: pki.ErrReleaseIncomplete.Error(), Err: pki.ErrReleaseIncomplete,
+			Message: fmt.Sprintf("the manifest of bcd %s does not list %s", r.Version, name)}
+	}
+	if art.SHA256 != sec.SHA256 {
+		return pki.Artifact{}, 0, &Refusal{Code: pki.ErrReleaseMismatch.Error(), Err: pki.ErrReleaseMismatch,
+			Message: fmt.Sprintf("the manifest lists %s with sha256 %s, the daemon section says %s", name, art.SHA256, sec.SHA256)}
+	}
+	return art, r.Sequence, nil
+}
+
+// errIdle is the watchdog's cause: no byte for IdleTimeout.
+var errIdle = errors.New("no data")
+
+// download streams the binary into DataDir/staging/bcd-<version>, checking
+// the manifest's size and digest as it goes, under an idle watchdog. The
+// bytes go to a temporary file renamed into place only once they check out,
+// so a refused download leaves nothing behind.
+func (m *Manager) download(ctx context.Context, rawURL string, p *Plan) error {
+	dir, err := m.stagingDir()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	idle := m.o.IdleTimeout
+	watchdog := time.AfterFunc(idle, func() { cancel(errIdle) })
+	defer watchdog.Stop()
+	fail := func(err error) error {
+		if errors.Is(context.Cause(ctx), errIdle) {
+			return refuse(CodeDownloadFailed, "%s: no data for %s", human.ShortN(rawURL, 200), idle)
+		}
+		return refuse(CodeDownloadFailed, "%s: %v", human.ShortN(rawURL, 200), err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, rawURL, nil)
+	if err != nil {
+		return refuse(CodeDownloadFailed, "%v", err)
+	}
+	resp, err := m.client.Do(req)
+	if err != nil {
+		return fail(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return refuse(CodeDownloadFailed, "%s: HTTP %s", human.ShortN(rawURL, 200), resp.Status)
+	}
+	if resp.ContentLength >= 0 && resp.ContentLength != p.size {
+		return refuse(CodeSizeMismatch, "%s: Content-Length %d, the manifest says %d bytes", human.ShortN(rawURL, 200), resp.ContentLength, p.size)
+	}
+	f, err := os.CreateTemp(dir, "."+p.staged+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("selfupdate: %w", err)
+	}
+	tmp := f.Name()
+	ok := false
+	defer func() {
+		if !ok {
+			f.Close()
+			os.Remove(tmp)
+		}
+	}()
+	h := sha256.New()
+	body := &idleReader{r: resp.Body, watchdog: watchdog, idle: idle}
+	n, err := io.Copy(io.MultiWriter(f, h), io.LimitReader(body, p.size+1))
+	if err != nil {
+		return fail(err)
+	}
+	if n != p.size {
+		return refuse(CodeSizeMismatch, "%s: %d bytes or more, the manifest says %d", human.ShortN(rawURL, 200), n, p.size)
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != p.sha256 {
+		return refuse(CodeDigestMismatch, "%s: sha256 %s, the manifest says %s", human.ShortN(rawURL, 200), got, p.sha256)
+	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("selfupdate: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("selfupdate: %w", err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, p.staged)); err != nil {
+		return fmt.Errorf("selfupdate: %w", err)
+	}
+	ok = true
+	return syncDir(dir)
+}
+
+// idleReader restarts the watchdog whenever bytes arrive.
+type idleReader struct {
+	r        io.Reader
+	watchdog *time.Timer
+	idle     time.Duration
+}
+
+func (r *idleReader) Read(p []byte) (int, error) {
+	n, err := r.r.Read(p)
+	if n > 0 {
+		r.watchdog.Reset(r.idle)
+	}
+	return n, err
+}
+
+// stagingDir makes DataDir/staging (0700) and refuses one that is a symlink.
+func (m *Manager) stagingDir() (string, error) {
+	dir := filepath.Join(m.o.DataDir, StagingDir)
+	if err := os.Mkdir(dir, stagingMode); err != nil && !errors.Is(err, os.ErrExist) {
+		return "", fmt.Errorf("selfupdate: %w", err)
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return "", fmt.Errorf("selfupdate: %w", err)
+	}
+	if !fi.IsDir() {
+		return "", refuse(CodeStagingRefused, "the staging directory %s is not a directory (%s)", dir, fi.Mode().Type())
+	}
+	if fi.Mode().Perm() != stagingMode {
+		if err := os.Chmod(dir, stagingMode); err != nil {
+			return "", fmt.Errorf("selfupdate: %w", err)
+		}
+	}
+	return dir, nil
+}
