@@ -105,6 +105,7 @@ type labUpdate struct {
 	SlotsDir         string             `json:"slots_dir"`
 	Entrypoint       string             `json:"entrypoint"`
 	EntrypointTarget string             `json:"entrypoint_target"`
+	EntrypointLinked bool               `json:"entrypoint_linked"`
 	Current          string             `json:"current"`
 	Previous         string             `json:"previous"`
 	Slots            map[string]labSlot `json:"slots"`
@@ -225,13 +226,30 @@ func (m *updVM) last(kind string) string {
 
 // update is the last bcd update -o json the probe printed.
 func (m *updVM) update() (labUpdate, error) {
-	raw := m.last("update")
-	var u labUpdate
-	if raw == "" {
-		return u, fmt.Errorf("%s: the probe printed no bcd update yet", m.name)
+	all := m.probe("update")
+	if len(all) == 0 {
+		return labUpdate{}, fmt.Errorf("%s: the probe printed no bcd update yet", m.name)
 	}
+	return parseUpdate(m.name, all[len(all)-1])
+}
+
+// updates are the bcd update -o json lines the probe printed after the
+// first since (those that do not parse left out).
+func (m *updVM) updates(since int) []labUpdate {
+	var out []labUpdate
+	all := m.probe("update")
+	for i := since; i < len(all); i++ {
+		if u, err := parseUpdate(m.name, all[i]); err == nil {
+			out = append(out, u)
+		}
+	}
+	return out
+}
+
+func parseUpdate(name, raw string) (labUpdate, error) {
+	var u labUpdate
 	if err := json.Unmarshal([]byte(raw), &u); err != nil {
-		return u, fmt.Errorf("%s: bcd update -o json: %v: %s", m.name, err, raw)
+		return u, fmt.Errorf("%s: bcd update -o json: %v: %s", name, err, raw)
 	}
 	u.raw = raw
 	return u, nil
@@ -525,8 +543,8 @@ func (s *updSteps) rollout() {
 		if u.previousVersion() != "0.1.0" || len(u.Slots) != 2 || u.slot("a").SHA256 == "" || u.slot("b").SHA256 == "" {
 			s.fail(fmt.Errorf("%s: slots.json should record both slots (0.1.0 adopted, 0.1.1): %s", m.name, u.raw))
 		}
-		if e := m.last("entrypoint"); e != "link /var/lib/bcd/bin/current" {
-			s.fail(fmt.Errorf("%s: /usr/local/bin/bcd: %q, want a link to /var/lib/bcd/bin/current", m.name, e))
+		if e := m.last("entrypoint"); e != "link /var/lib/bcd/bin/current" || !u.EntrypointLinked {
+			s.fail(fmt.Errorf("%s: /usr/local/bin/bcd: %q (bcd update: %s), want a link to /var/lib/bcd/bin/current", m.name, e, u.raw))
 		}
 		if rb := m.last("rollback"); !strings.Contains(rb, "LoadState=loaded") {
 			s.fail(fmt.Errorf("%s: bcd-rollback.service after the first update: %s", m.name, rb))
@@ -583,8 +601,9 @@ func (s *updSteps) noWelcome() {
 		paused.Round(time.Second), ro.Reason, x.name, back.Sub(swapped).Round(time.Second), u.Failed)
 	s.bc("rollouts", "abort", id)
 
-	// A second rollout: the node that failed it refuses it at once.
-	id2 := s.createRollout("--version", "0.1.2", "--pool", "upd", "--waves", "50,100")
+	// A second rollout, of both nodes at once: x, which failed it, refuses
+	// it at once; y, which never tried it, swaps back by the deadline too.
+	id2 := s.createRollout("--version", "0.1.2", "--pool", "upd", "--waves", "100", "--max-unavailable", "2")
 	sec := s.waitSection(x, "ReleaseRefused UPDATE_FAILED_BEFORE", 10*time.Minute, func(sec FleetSection) bool {
 		return sec.State == "FAILED" && sec.Reason == "ReleaseRefused" && pki.SameVersion(sec.Version, "0.1.2")
 	})
@@ -594,20 +613,43 @@ func (s *updSteps) noWelcome() {
 	if u2, _ := x.update(); u2.pending() || u2.currentVersion() != "0.1.1" {
 		s.fail(fmt.Errorf("%s: refused, but: %s", x.name, u2.raw))
 	}
-	t.Logf("step 2: rollout %s: %s refused 0.1.2 (%s)", id2, x.name, sec.Message)
-	s.bc("rollouts", "abort", id2)
+	t.Logf("step 2: rollout %s: %s refused 0.1.2 at once (%s)", id2, x.name, sec.Message)
 
-	// --clear-failed, and the node takes 0.1.2 again.
-	if out, rc := runOnVM(t, s.ctx, s.f, x, "bcd update --clear-failed && bcd update -o json", s.fail); rc != 0 {
+	// --clear-failed, and the node takes 0.1.2 again when asked.
+	if out, rc := runOnVM(t, s.ctx, s.f, x, "bcd update --clear-failed", s.fail); rc != 0 {
 		s.fail(fmt.Errorf("%s: bcd update --clear-failed: exit %d: %q", x.name, rc, out))
 	}
 	s.waitUpdate(x, "no failed versions", 2*time.Minute, func(u labUpdate) bool { return len(u.Failed) == 0 })
-	cmd := s.upgrade(x, "--version", "0.1.2")
-	s.waitUpdate(x, "0.1.2 pending again", 5*time.Minute, func(u labUpdate) bool {
+	seen := len(x.probe("update"))
+	s.retry = s.upgrade(x, "--version", "0.1.2")
+	s.waitSeen(x, seen, "0.1.2 pending again", 5*time.Minute, func(u labUpdate) bool {
 		return u.pending() && u.currentVersion() == "0.1.2"
 	})
-	t.Logf("step 2: after --clear-failed %s takes 0.1.2 again (%s); it swaps back by the deadline while step 3 runs", x.name, cmd)
-	s.retry = cmd
+	t.Logf("step 2: after --clear-failed %s takes 0.1.2 again (%s); it swaps back by the deadline while step 3 runs", x.name, s.retry)
+
+	// y's try ends the same way; then the rollout is over.
+	var yState labRollout
+	if err := waitFor(s.ctx, 10*time.Minute, func() bool {
+		ro, err := s.showRollout(id2)
+		yState = ro
+		for _, n := range ro.Nodes {
+			if n.Node == y.node {
+				return err == nil && n.State == "failed"
+			}
+		}
+		return false
+	}); err != nil {
+		s.fail(fmt.Errorf("rollout %s: %s did not fail 0.1.2: %+v", id2, y.name, yState))
+	}
+	if yState.State != "paused" {
+		s.fail(fmt.Errorf("rollout %s: %s, want paused by the failures", id2, yState.State))
+	}
+	s.waitUpdate(y, "0.1.2 failed, back on 0.1.1", 2*time.Minute, func(u labUpdate) bool {
+		return u.failed("0.1.2") && u.currentVersion() == "0.1.1" && !u.pending()
+	})
+	swapped, back = s.pendingSpan(y)
+	t.Logf("step 2: rollout %s paused (%s); %s swapped back %s after the swap", id2, yState.Reason, y.name, back.Sub(swapped).Round(time.Second))
+	s.bc("rollouts", "abort", id2)
 }
 
 // crashLoop is step 3: 0.1.3 exits at once, systemd's start limit gives up
@@ -617,18 +659,22 @@ func (s *updSteps) crashLoop() {
 	y := s.y
 	r := s.release("0.1.3")
 	s.bc("releases", "add", r.Manifest)
-	before, _ := y.update()
+	before, err := y.update()
+	if err != nil {
+		s.fail(err)
+	}
+	seen, rollbacks := len(y.probe("update")), len(y.probe("rollback"))
 	at := time.Now()
 	cmd := s.upgrade(y, "--version", "0.1.3")
-	s.waitUpdate(y, "0.1.3 pending", 5*time.Minute, func(u labUpdate) bool { return u.pending() && u.currentVersion() == "0.1.3" })
-	swapped := time.Now()
+	s.waitSeen(y, seen, "0.1.3 pending", 5*time.Minute, func(u labUpdate) bool { return u.pending() && u.currentVersion() == "0.1.3" })
 	u := s.waitUpdate(y, "0.1.3 failed, back on 0.1.1", 10*time.Minute, func(u labUpdate) bool {
 		return u.currentVersion() == "0.1.1" && !u.pending() && u.failed("0.1.3")
 	})
-	restored := time.Now()
+	swapped, restored := s.pendingSpan(y)
+	// The unit ran (once) and says what it did.
 	rb := y.probe("rollback")
-	if len(rb) == 0 || !strings.Contains(strings.Join(rb, "\n"), "Result=success") || !strings.Contains(rb[len(rb)-1], "ExecMainExitTimestampMonotonic=") {
-		s.fail(fmt.Errorf("%s: bcd-rollback.service did not run: %q", y.name, rb))
+	if len(rb) <= rollbacks || !strings.Contains(rb[len(rb)-1], "Result=success") {
+		s.fail(fmt.Errorf("%s: bcd-rollback.service did not run: %q", y.name, rb[rollbacks:]))
 	}
 	if u.Floor != before.Floor {
 		s.fail(fmt.Errorf("%s: the floor moved from %d to %d with a release that never confirmed", y.name, before.Floor, u.Floor))
@@ -637,14 +683,14 @@ func (s *updSteps) crashLoop() {
 	if c.Reason != "update-failed" {
 		s.fail(fmt.Errorf("%s: daemon.upgrade %s: %+v, want FAILED update-failed", y.name, cmd, c))
 	}
-	sec := s.waitSection(y, "FAILED UpdateFailed for 0.1.3", 5*time.Minute, func(sec FleetSection) bool {
-		return sec.State == "FAILED" && sec.Reason == "UpdateFailed" && pki.SameVersion(sec.Version, "0.1.3")
-	})
-	if n := s.nodeOf(y); !pki.SameVersion(n.DaemonVersion, "0.1.1") {
-		s.fail(fmt.Errorf("%s: node %+v, want back on 0.1.1", y.name, n))
+	n, err := waitReadyNode(s.ctx, s.f, y.node, func(n FleetNode) bool { return n.ID == y.node && pki.SameVersion(n.DaemonVersion, "0.1.1") }, 5*time.Minute)
+	if err != nil {
+		s.fail(fmt.Errorf("%s: after the rollback: %w", y.name, err))
 	}
-	t.Logf("step 3: %s: 0.1.3 crash-looped; swap seen %s after the command, restored by bcd-rollback.service %s after the swap (%s); %s",
-		y.name, swapped.Sub(at).Round(time.Second), restored.Sub(swapped).Round(time.Second), sec.Message, lastOf(rb))
+	restarts := y.probe("bcd.service")
+	t.Logf("step 3: %s: 0.1.3 crash-looped; the swap %s after nodes upgrade, restored by bcd-rollback.service %s after the swap; back on %s; %s: %s",
+		y.name, swapped.Sub(at).Round(time.Second), restored.Sub(swapped).Round(time.Second), n.DaemonVersion, cmd, c.Message)
+	t.Logf("step 3: %s: bcd-rollback: %s; bcd.service last: %s", y.name, rb[len(rb)-1], lastOf(restarts))
 
 	// Step 2's retry on x has swapped back by now, or does so by its deadline.
 	x := s.x
@@ -656,7 +702,7 @@ func (s *updSteps) crashLoop() {
 		return u.failed("0.1.2") && u.currentVersion() == "0.1.1" && !u.pending()
 	})
 	swappedX, backX := s.pendingSpan(x)
-	t.Logf("step 2 (end): %s swapped back from 0.1.2 again %s after the swap", x.name, backX.Sub(swappedX).Round(time.Second))
+	t.Logf("step 2 (end): %s swapped back from the retried 0.1.2 %s after the swap (%s)", x.name, backX.Sub(swappedX).Round(time.Second), c.Message)
 }
 
 // refusals is step 4: four manifests each refused with its reason, nothing
@@ -681,16 +727,23 @@ func (s *updSteps) refusals() {
 	expiresAt := time.Now().Add(40 * time.Second)
 	untrusted := resign("0.1.7", 8, "24h", s.k2)
 	mismatch := resign("0.1.6", 7, "24h", s.k1)
-	// The binary is replaced after signing: 0.1.0's bytes under 0.1.6's name.
-	if err := copyFile(bareOf(s.release("0.1.0")), filepath.Join(s.downloads, pki.BinaryName("bcd", "0.1.6", "linux", "amd64"))); err != nil {
+	// 0.1.6's binary is replaced after signing: the same size, one byte
+	// other.
+	swapped := filepath.Join(s.downloads, pki.BinaryName("bcd", "0.1.6", "linux", "amd64"))
+	b, err := os.ReadFile(swapped)
+	if err != nil {
+		s.fail(err)
+	}
+	b[len(b)-1] ^= 0xff
+	if err := os.WriteFile(swapped, b, 0o755); err != nil {
 		s.fail(err)
 	}
 	cases := []struct {
 		what, manifest, version, code string
 	}{
 		{"signed only by K2", untrusted.Manifest, "0.1.7", "RELEASE_UNTRUSTED"},
-		{"0.1.0, below the floor", s.release("0.1.0").Manifest, "0.1.0", "RELEASE_ROLLBACK"},
-		{"its binary replaced after signing", mismatch.Manifest, "0.1.6", "DIGEST_MISMATCH"},
+		{"of 0.1.0, below the floor", s.release("0.1.0").Manifest, "0.1.0", "RELEASE_ROLLBACK"},
+		{"whose binary was replaced after signing", mismatch.Manifest, "0.1.6", "DIGEST_MISMATCH"},
 		{"expired", expired.Manifest, "0.1.8", "RELEASE_EXPIRED"},
 	}
 	for _, c := range cases {
@@ -707,27 +760,25 @@ func (s *updSteps) refusals() {
 		id := s.upgrade(x, "--manifest", c.manifest)
 		cmd := s.waitCommand(id, 5*time.Minute, "FAILED")
 		if cmd.Reason != "release-refused" || !strings.HasPrefix(cmd.Message, c.code) {
-			s.fail(fmt.Errorf("%s: daemon.upgrade with a manifest %s: %+v, want FAILED release-refused %s…", x.name, c.what, cmd, c.code))
+			s.fail(fmt.Errorf("%s: daemon.upgrade with the manifest %s: %+v, want FAILED release-refused %s…", x.name, c.what, cmd, c.code))
 		}
-		sec := s.waitSection(x, "ReleaseRefused "+c.code, 2*time.Minute, func(sec FleetSection) bool {
-			return sec.State == "FAILED" && sec.Reason == "ReleaseRefused" && strings.HasPrefix(sec.Message, c.code)
-		})
-		// Nothing swapped: the same slots, no upgrade.json, the same link.
+		// Nothing swapped: no upgrade.json, the same slots and link.
 		out, rc := runOnVM(t, s.ctx, s.f, x, "test ! -e /var/lib/bcd/upgrade.json && readlink /var/lib/bcd/bin/current && bcd update -o json | tr -d '\\n'", s.fail)
 		if rc != 0 || len(out) != 2 {
 			s.fail(fmt.Errorf("%s: after the refusal of %s: exit %d %q (upgrade.json present?)", x.name, c.version, rc, out))
 		}
-		var after labUpdate
-		if err := json.Unmarshal([]byte(out[1]), &after); err != nil {
-			s.fail(fmt.Errorf("%s: bcd update -o json: %v: %s", x.name, err, out[1]))
+		after, err := parseUpdate(x.name, out[1])
+		if err != nil {
+			s.fail(err)
 		}
-		if after.Current != before.Current || after.currentVersion() != "0.1.1" || after.Floor != before.Floor || after.pending() {
+		if after.Current != before.Current || after.currentVersion() != "0.1.1" || after.Floor != before.Floor || after.pending() ||
+			after.slot("a") != before.slot("a") || after.slot("b") != before.slot("b") {
 			s.fail(fmt.Errorf("%s: refusing %s changed the slots: before %s, after %s", x.name, c.version, before.raw, out[1]))
 		}
-		if n := s.nodeOf(x); !pki.SameVersion(n.DaemonVersion, "0.1.1") {
+		if n := s.nodeOf(x); !pki.SameVersion(n.DaemonVersion, "0.1.1") || !n.Connected {
 			s.fail(fmt.Errorf("%s: node %+v after the refusal of %s", x.name, n, c.version))
 		}
-		t.Logf("step 4: %s: the manifest %s (%s) refused: %s; current still %s (%s)", x.name, c.what, c.version, sec.Message, out[0], after.currentVersion())
+		t.Logf("step 4: %s: the manifest %s refused (%s): %s; current still %s on 0.1.1", x.name, c.what, id, cmd.Message, out[0])
 	}
 }
 
@@ -902,6 +953,27 @@ func (s *updSteps) waitUpdate(m *updVM, what string, timeout time.Duration, ok f
 		s.fail(fmt.Errorf("%s: bcd update is not %s within %s (last %s, %v)", m.name, what, timeout, u.raw, err))
 	}
 	return u
+}
+
+// waitSeen waits until one of the probe's bcd update lines after the first
+// since satisfies ok: for states that may last less than a poll (a crash
+// loop's pending update).
+func (s *updSteps) waitSeen(m *updVM, since int, what string, timeout time.Duration, ok func(labUpdate) bool) labUpdate {
+	s.t.Helper()
+	var found labUpdate
+	if err := waitFor(s.ctx, timeout, func() bool {
+		for _, u := range m.updates(since) {
+			if ok(u) {
+				found = u
+				return true
+			}
+		}
+		return false
+	}); err != nil {
+		last, _ := m.update()
+		s.fail(fmt.Errorf("%s: bcd update was not %s within %s (last %s)", m.name, what, timeout, last.raw))
+	}
+	return found
 }
 
 // pendingSpan is when the watcher first saw the machine's last pending
