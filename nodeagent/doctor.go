@@ -97,7 +97,7 @@ type DoctorOptions struct {
 }
 
 // DoctorChecks are bcd doctor's checks for the configuration at path: config,
-// identity and gateway.
+// identity, tpm, gateway and update (self-update's slots and records).
 func DoctorChecks(path string, o DoctorOptions) []Check {
 	if o.GatewayTimeout <= 0 {
 		o.GatewayTimeout = 5 * time.Second
@@ -137,6 +137,12 @@ func DoctorChecks(path string, o DoctorOptions) []Check {
 			}
 			id, _ := identity()
 			return checkGateway(ctx, cfg, id, o.GatewayTimeout)
+		}),
+		CheckFunc("update", func(context.Context) Result {
+			if cfgErr != nil {
+				return Result{Fail, "config.toml does not load, so [update] and the slots are unknown"}
+			}
+			return checkUpdate(cfg, path)
 		}),
 	}
 }

@@ -38,7 +38,7 @@ func TestDoctorAllGood(t *testing.T) {
 		t.Fatalf("doctor failed:\n%s", out)
 	}
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if len(lines) != 4 || !strings.HasPrefix(lines[0], "config: ok: ") || !strings.HasPrefix(lines[1], "identity: ok: ") ||
+	if len(lines) != 5 || !strings.HasPrefix(lines[4], "update: warn: no [update] release_pins") || !strings.HasPrefix(lines[0], "config: ok: ") || !strings.HasPrefix(lines[1], "identity: ok: ") ||
 		!strings.HasPrefix(lines[2], "tpm: ok: ") || !strings.HasPrefix(lines[3], "gateway: ok: ") {
 		t.Errorf("output:\n%s", out)
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/better-compute/bcd/agent"
+	"github.com/better-compute/bcd/agent/daemonupdate"
 	"github.com/better-compute/bcd/agent/journal"
 	"github.com/better-compute/bcd/agent/nodekey"
 	"github.com/better-compute/bcd/config"
@@ -23,6 +24,9 @@ const ResetHint = "bcd join --reset --yes, then bcd join"
 type Node struct {
 	// Config is the loaded config.toml.
 	Config *config.Config
+	// ConfigPath is where Config was read from, for the self-update rollback
+	// unit; empty is config.DefaultPath.
+	ConfigPath string
 	// Logger receives the agent's log; nil discards it.
 	Logger *slog.Logger
 	// Rebooter restarts the machine for node.reboot; nil is SystemRebooter.
@@ -50,6 +54,7 @@ type Node struct {
 	session  *agent.Session
 	renewer  *agent.Renewer
 	bootID   string
+	updater  *daemonupdate.Updater
 	// pending is a node.reboot an earlier process started; finishReboot settles
 	// it on the first Welcome.
 	pending *pendingReboot
@@ -79,7 +84,9 @@ func SocketPath(c *config.Config) string {
 	return config.DefaultSocketPath
 }
 
-// Run runs the node agent until ctx is done, then returns nil.
+// Run runs the node agent until ctx is done, then returns nil. After a
+// self-update swap (or a swap back) it closes everything and returns
+// daemonupdate.ErrExec: the caller then calls ExecUpdate.
 func (n *Node) Run(ctx context.Context) error {
 	c := n.Config
 	if c == nil {
@@ -150,6 +157,11 @@ func (n *Node) Run(ctx context.Context) error {
 		GatewayURL: c.GatewayURL, ServerName: serverName, ServingCAPin: c.ServingCASPKIPin, JoinSigningPin: c.JoinSigningKeyPin,
 		Backoff: n.RenewBackoff, Logger: n.log, Hook: n.RenewHook,
 	}
+	cfgPath := n.ConfigPath
+	if cfgPath == "" {
+		cfgPath = config.DefaultPath
+	}
+	n.updater = daemonupdate.ForConfig(c, cfgPath, n.log)
 	claimsFn := n.Claims
 	if claimsFn == nil {
 		claimsFn = agent.ClaimsSource{}.Collect
@@ -162,16 +174,21 @@ func (n *Node) Run(ctx context.Context) error {
 		Identity:     id,
 		Current:      n.renewer.Current,
 		Journal:      j,
-		Handlers:     map[string]agent.Handler{protocol.KindNodeReboot: n.runReboot},
+		Handlers: map[string]agent.Handler{
+			protocol.KindNodeReboot:    n.runReboot,
+			protocol.KindDaemonUpgrade: n.updater.Upgrade,
+		},
 		OnWelcome: func(ctx context.Context, w protocol.Welcome, first bool) {
+			n.updater.OnWelcome(ctx, w, first)
 			if first {
 				n.finishReboot()
 			}
 		},
 		OnSpec: func(ctx context.Context, s protocol.Spec) {
-			// No section is applied by bcd node yet; the revision is logged so
-			// an operator can see the spec arrive.
+			// The daemon section is the only one bcd node applies; the
+			// revision is logged so an operator can see the spec arrive.
 			n.log.Info("desired state received", "revision", s.Revision, "sections", len(s.Sections))
+			n.updater.OnSpec(ctx, s)
 		},
 		Claims:       &claims,
 		BootID:       n.bootID,
@@ -200,12 +217,22 @@ func (n *Node) Run(ctx context.Context) error {
 
 	sctx, stopSession := context.WithCancel(ctx)
 	defer stopSession()
+	n.updater.Start(sctx, n.session)
+	// The updater reports through the session: it ends before the journal closes.
+	defer n.updater.Wait()
 	sessErr := make(chan error, 1)
 	go func() { sessErr <- n.session.Run(sctx) }()
 	renewDone := make(chan struct{})
 	go func() { n.renewer.Run(sctx); close(renewDone) }()
 	defer func() { stopSession(); <-renewDone }()
 	select {
+	case <-n.updater.ExecRequested():
+		// Everything closes before the exec: the session here, then the
+		// deferred status socket and journal (bbolt holds a file lock).
+		stopSession()
+		<-sessErr
+		n.log.Warn("bcd node stopping to exec the swapped binary")
+		return daemonupdate.ErrExec
 	case err := <-sessErr:
 		if ctx.Err() != nil {
 			n.log.Info("bcd node stopped")
@@ -219,6 +246,10 @@ func (n *Node) Run(ctx context.Context) error {
 		return fmt.Errorf("bcd node: status socket: %w", err)
 	}
 }
+
+// ExecUpdate replaces the process with the entrypoint after Run returned
+// daemonupdate.ErrExec.
+func (n *Node) ExecUpdate() error { return n.updater.Exec() }
 
 // Status is what the status socket answers.
 type Status = agent.SessionStatus

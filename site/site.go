@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/better-compute/bcd/agent"
+	"github.com/better-compute/bcd/agent/daemonupdate"
 	"github.com/better-compute/bcd/agent/journal"
 	"github.com/better-compute/bcd/agent/nodekey"
 	"github.com/better-compute/bcd/bmc"
@@ -25,6 +26,9 @@ import (
 type Site struct {
 	// Config is the loaded config.toml.
 	Config *config.Config
+	// ConfigPath is where Config was read from, for the self-update rollback
+	// unit; empty is config.DefaultPath.
+	ConfigPath string
 	// Keys loads and makes the node key; nil is agent.PKCS8Keys.
 	Keys agent.KeyStore
 	// RenewHook, if set, is the certificate Renewer's Hook (tests).
@@ -69,6 +73,7 @@ type Site struct {
 	bmcExec  *bmcExecutor
 	boot     *bootServers
 	proxy    proxyRunner
+	updater  *daemonupdate.Updater
 
 	// applyMu orders applying specs: the saved one at start, then the gateway's.
 	applyMu sync.Mutex
@@ -132,7 +137,10 @@ func CheckConfig(c *config.Config) error {
 	return nil
 }
 
-// Run runs the site agent until ctx is done, then returns nil.
+// Run runs the site agent until ctx is done, then returns nil. After a
+// self-update swap (or a swap back) it closes everything, the boot servers'
+// sockets and the plugins included, and returns daemonupdate.ErrExec: the
+// caller then calls ExecUpdate.
 func (s *Site) Run(ctx context.Context) error {
 	c := s.Config
 	if c == nil {
@@ -192,6 +200,11 @@ func (s *Site) Run(ctx context.Context) error {
 		claimsFn = agent.ClaimsSource{}.Collect
 	}
 	claims := claimsFn(ctx)
+	cfgPath := s.ConfigPath
+	if cfgPath == "" {
+		cfgPath = config.DefaultPath
+	}
+	s.updater = daemonupdate.ForConfig(c, cfgPath, s.log)
 	s.renewer = &agent.Renewer{
 		DataDir: s.dataDir, Keys: s.Keys, Identity: id,
 		GatewayURL: c.GatewayURL, ServerName: serverName, ServingCAPin: c.ServingCASPKIPin, JoinSigningPin: c.JoinSigningKeyPin,
@@ -205,11 +218,16 @@ func (s *Site) Run(ctx context.Context) error {
 		Current:      s.renewer.Current,
 		Journal:      j,
 		Handlers: map[string]agent.Handler{
-			protocol.KindBMCPower:     s.runBMC,
-			protocol.KindBMCBootdev:   s.runBMC,
-			protocol.KindBMCInventory: s.runBMC,
+			protocol.KindBMCPower:      s.runBMC,
+			protocol.KindBMCBootdev:    s.runBMC,
+			protocol.KindBMCInventory:  s.runBMC,
+			protocol.KindDaemonUpgrade: s.updater.Upgrade,
 		},
-		OnSpec:       func(ctx context.Context, spec protocol.Spec) { s.applySpec(spec, true) },
+		OnWelcome: s.updater.OnWelcome,
+		OnSpec: func(ctx context.Context, spec protocol.Spec) {
+			s.applySpec(spec, true)
+			s.updater.OnSpec(ctx, spec)
+		},
 		Claims:       &claims,
 		BootID:       bootID,
 		Backoff:      s.Backoff,
@@ -271,10 +289,20 @@ func (s *Site) Run(ctx context.Context) error {
 	}
 	s.log.Info("bcd site started", "node_id", id.NodeID, "site", s.siteName(), "gateway", c.GatewayURL, "boot", c.Boot != nil, "socket", s.socketPath(), "boot_id", bootID)
 
+	s.updater.Start(sctx, s.session)
 	sessErr := make(chan error, 1)
 	go func() { sessErr <- s.session.Run(sctx) }()
 	select {
+	case <-s.updater.ExecRequested():
+		// Everything closes before the exec: the new binary binds the same
+		// DHCP, TFTP and HTTP ports and opens the same journal.
+		stop()
+		<-sessErr
+		s.updater.Wait()
+		s.log.Warn("bcd site stopping to exec the swapped binary")
+		return daemonupdate.ErrExec
 	case err := <-sessErr:
+		s.updater.Wait()
 		if ctx.Err() != nil {
 			s.log.Info("bcd site stopped")
 			return nil
@@ -283,9 +311,14 @@ func (s *Site) Run(ctx context.Context) error {
 	case err := <-errc:
 		stop()
 		<-sessErr
+		s.updater.Wait()
 		return fmt.Errorf("bcd site: %w", err)
 	}
 }
+
+// ExecUpdate replaces the process with the entrypoint after Run returned
+// daemonupdate.ErrExec.
+func (s *Site) ExecUpdate() error { return s.updater.Exec() }
 
 // socketPath is socket_path or its default.
 func (s *Site) socketPath() string {

@@ -169,6 +169,9 @@ func (m *Manager) download(ctx context.Context, rawURL string, p *Plan) error {
 	watchdog := time.AfterFunc(idle, func() { cancel(errIdle) })
 	defer watchdog.Stop()
 	fail := func(err error) error {
+		if err == nil {
+			err = context.Cause(ctx)
+		}
 		if errors.Is(context.Cause(ctx), errIdle) {
 			return refuse(CodeDownloadFailed, "%s: no data for %s", human.ShortN(rawURL, 200), idle)
 		}
@@ -204,11 +207,16 @@ func (m *Manager) download(ctx context.Context, rawURL string, p *Plan) error {
 	h := sha256.New()
 	body := &idleReader{r: resp.Body, watchdog: watchdog, idle: idle}
 	n, err := io.Copy(io.MultiWriter(f, h), io.LimitReader(body, p.size+1))
-	if err != nil {
+	// A body cut off by the watchdog may read as a short one: the cause
+	// says which it was.
+	if err != nil || context.Cause(ctx) != nil {
 		return fail(err)
 	}
-	if n != p.size {
-		return refuse(CodeSizeMismatch, "%s: %d bytes or more, the manifest says %d", human.ShortN(rawURL, 200), n, p.size)
+	if n > p.size {
+		return refuse(CodeSizeMismatch, "%s: more than the manifest's %d bytes", human.ShortN(rawURL, 200), p.size)
+	}
+	if n < p.size {
+		return refuse(CodeSizeMismatch, "%s: %d bytes, the manifest says %d", human.ShortN(rawURL, 200), n, p.size)
 	}
 	if got := hex.EncodeToString(h.Sum(nil)); got != p.sha256 {
 		return refuse(CodeDigestMismatch, "%s: sha256 %s, the manifest says %s", human.ShortN(rawURL, 200), got, p.sha256)

@@ -98,7 +98,10 @@ func (m *Manager) writeSlot(src io.Reader, slot string, size int64, want string)
 	if err != nil {
 		return Slot{}, fmt.Errorf("selfupdate: write slot %s: %w", SlotFile(slot), err)
 	}
-	if n != size {
+	if n > size {
+		return Slot{}, refuse(CodeSizeMismatch, "writing slot %s: more than %d bytes", SlotFile(slot), size)
+	}
+	if n < size {
 		return Slot{}, refuse(CodeSizeMismatch, "writing slot %s: %d bytes, want %d", SlotFile(slot), n, size)
 	}
 	got := hex.EncodeToString(h.Sum(nil))

@@ -12,7 +12,7 @@ func newDoctorCmd() *cobra.Command {
 	var path string
 	cmd := &cobra.Command{
 		Use:   "doctor",
-		Short: "Check config.toml, the identity and the gateway; print one line per check, exit 1 if any fails",
+		Short: "Check config.toml, the identity, the TPM, the gateway and self-update; print one line per check, exit 1 if any fails",
 		Args:  cli.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			checks := nodeagent.DoctorChecks(path, nodeagent.DoctorOptions{ParseOptions: configOptions()})

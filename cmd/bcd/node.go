@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -9,8 +10,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/better-compute/bcd/agent"
+	"github.com/better-compute/bcd/agent/daemonupdate"
 	"github.com/better-compute/bcd/config"
 	"github.com/better-compute/bcd/internal/cli"
+	"github.com/better-compute/bcd/internal/labfault"
 	"github.com/better-compute/bcd/nodeagent"
 )
 
@@ -29,6 +32,11 @@ keeps unacknowledged statuses in its journal, and answers a JSON status on its u
 socket (socket_path, GET /v1/status).`,
 		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if labfault.Crash {
+				// A lab release that crash-loops under systemd (see labfault).
+				fmt.Fprintln(cmd.ErrOrStderr(), "bcd node: this is a labfault_crash build: exiting at once")
+				return cli.ExitSilently(1)
+			}
 			cfg, err := config.Load(path, configOptions())
 			if err != nil {
 				if config.IsInvalid(err) {
@@ -42,11 +50,17 @@ socket (socket_path, GET /v1/status).`,
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			n := &nodeagent.Node{Config: cfg, Logger: logger, RenewHook: renewHook()}
+			n := &nodeagent.Node{Config: cfg, ConfigPath: path, Logger: logger, RenewHook: renewHook()}
 			if nodeHooks != nil {
 				nodeHooks(n)
 			}
-			return n.Run(ctx)
+			err = n.Run(ctx)
+			if errors.Is(err, daemonupdate.ErrExec) {
+				// Run has closed the journal, the socket and the session.
+				stop()
+				return n.ExecUpdate()
+			}
+			return err
 		},
 	}
 	cmd.Flags().StringVar(&path, "config", config.DefaultPath, "config.toml")

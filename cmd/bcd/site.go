@@ -10,8 +10,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/better-compute/bcd/agent"
+	"github.com/better-compute/bcd/agent/daemonupdate"
 	"github.com/better-compute/bcd/config"
 	"github.com/better-compute/bcd/internal/cli"
+	"github.com/better-compute/bcd/internal/labfault"
 	"github.com/better-compute/bcd/site"
 )
 
@@ -33,6 +35,11 @@ Without a [boot] section it serves no PXE machine. The last spec is kept in
 <data_dir>/site-spec.json so a restart during a gateway outage keeps booting.`,
 		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if labfault.Crash {
+				// A lab release that crash-loops under systemd (see labfault).
+				fmt.Fprintln(cmd.ErrOrStderr(), "bcd site: this is a labfault_crash build: exiting at once")
+				return cli.ExitSilently(1)
+			}
 			cfg, err := config.Load(path, configOptions())
 			if err != nil {
 				if config.IsInvalid(err) {
@@ -53,11 +60,17 @@ Without a [boot] section it serves no PXE machine. The last spec is kept in
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			s := &site.Site{Config: cfg, Logger: logger, RenewHook: renewHook()}
+			s := &site.Site{Config: cfg, ConfigPath: path, Logger: logger, RenewHook: renewHook()}
 			if siteHooks != nil {
 				siteHooks(s)
 			}
 			err = s.Run(ctx)
+			if errors.Is(err, daemonupdate.ErrExec) {
+				// Run has closed the journal, the sockets, the servers and
+				// the plugins.
+				stop()
+				return s.ExecUpdate()
+			}
 			if config.IsInvalid(err) {
 				return cli.Exit(2, err)
 			}
