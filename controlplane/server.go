@@ -23,6 +23,7 @@ import (
 	"github.com/better-compute/bcd/controlplane/join"
 	"github.com/better-compute/bcd/controlplane/lifecycle"
 	"github.com/better-compute/bcd/controlplane/machines"
+	"github.com/better-compute/bcd/controlplane/rollouts"
 	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/controlplane/store/sqlite"
 	"github.com/better-compute/bcd/controlplane/token"
@@ -97,6 +98,18 @@ type Server struct {
 	// renewal issues; 0 means join.DefaultCertTTL. Start refuses one under
 	// MinCertLifetime.
 	CertLifetime time.Duration
+	// ReleasePins are the SPKI pins of the operator's release signing keys
+	// (serve --release-pins): `releases add` verifies every manifest under
+	// them, and is refused without them. ReleaseThreshold is how many
+	// distinct pinned keys must have signed; 0 means 1.
+	ReleasePins      []string
+	ReleaseThreshold int
+	// MinProtocolVersion is the oldest protocol an agent may speak before
+	// its session is upgrade_required; 0 means protocol.MinVersion.
+	MinProtocolVersion int
+	// RolloutTick is how often the rollout controller looks at the active
+	// rollouts when nothing woke it; 0 means rollouts.DefaultTick.
+	RolloutTick time.Duration
 
 	bundle     *pki.Bundle
 	store      store.Store
@@ -111,6 +124,23 @@ type Server struct {
 	lc         *lifecycle.Controller
 	lcStop     context.CancelFunc
 	lcDone     chan struct{}
+	rc         *rollouts.Controller
+	rcDone     chan struct{}
+}
+
+// observers tells each of several gateway observers.
+type observers []gateway.Observer
+
+func (o observers) StatusApplied(nodeID, commandID string) {
+	for _, x := range o {
+		x.StatusApplied(nodeID, commandID)
+	}
+}
+
+func (o observers) SessionChanged(nodeID string) {
+	for _, x := range o {
+		x.SessionChanged(nodeID)
+	}
 }
 
 func (s *Server) log() *slog.Logger {
@@ -175,6 +205,9 @@ func (s *Server) Start() (err error) {
 	timeouts, err := lifecycle.ParseTimeouts(firstOf(s.LifecycleTimeouts, os.Getenv(lifecycle.EnvTimeouts)))
 	if err != nil {
 		return fmt.Errorf("serve: --lifecycle-timeouts: %w", err)
+	}
+	if err := checkReleasePins(s.ReleasePins, s.ReleaseThreshold); err != nil {
+		return err
 	}
 	if s.BasePath != "" && (!strings.HasPrefix(s.BasePath, "/") || strings.HasSuffix(s.BasePath, "/") || strings.ContainsAny(s.BasePath, "?#%{} ")) {
 		return fmt.Errorf("serve: --base-path %q: want /name (no trailing /)", s.BasePath)
@@ -276,7 +309,17 @@ func (s *Server) Start() (err error) {
 		Tick:     s.LifecycleTick,
 		Logger:   s.log().With("component", "lifecycle"),
 	}
-	s.gw.Observer = s.lc
+	s.rc = &rollouts.Controller{
+		Store:              s.store,
+		Notifier:           s.gw,
+		MinProtocolVersion: s.MinProtocolVersion,
+		Tick:               s.RolloutTick,
+		Logger:             s.log().With("component", "rollouts"),
+	}
+	s.rc.Init()
+	s.gw.Observer = observers{s.lc, s.rc}
+	s.gw.Sections = s.rc
+	s.gw.MinProtocolVersion = s.MinProtocolVersion
 	joinSvc.Bound = s.lc.Bound
 	joinSvc.Reclaimed = func(nodeID string) {
 		s.gw.Disconnect(nodeID, "the node joined again with a new certificate")
@@ -291,7 +334,9 @@ func (s *Server) Start() (err error) {
 		BasePath:  s.BasePath,
 		Notifier:  s.gw,
 		Lifecycle: s.lc,
-		Logger:    s.log().With("component", "api"),
+		Rollouts: &rollouts.Service{Store: s.store, ReleasePins: s.ReleasePins, ReleaseThreshold: s.ReleaseThreshold,
+			Notifier: s.gw, Kick: s.rc.Kick, Logger: s.log().With("component", "rollouts")},
+		Logger: s.log().With("component", "api"),
 	}
 	errLog := slog.NewLogLogger(s.log().Handler(), slog.LevelDebug)
 	s.apiSrv = &http.Server{
@@ -342,11 +387,17 @@ func (s *Server) Start() (err error) {
 		defer close(s.lcDone)
 		s.lc.Run(lcCtx)
 	}()
+	s.rcDone = make(chan struct{})
+	go func() {
+		defer close(s.rcDone)
+		s.rc.Run(lcCtx)
+	}()
 	fmt.Fprintf(s.out(), "api listening on %s\n", s.apiURL)
 	fmt.Fprintf(s.out(), "gateway listening on %s\n", s.GatewayAddrURL())
 	s.log().Info("control plane started", "api", s.apiURL, "gateway", s.GatewayAddrURL(), "gateway_url", s.gatewayURL,
 		"gateway_server_name", serverName, "trust_domain", pub.TrustDomain, "downloads", s.DownloadsDir != "",
-		"lifecycle_timeouts", timeouts.WithDefaults().String())
+		"lifecycle_timeouts", timeouts.WithDefaults().String(), "release_pins", len(s.ReleasePins),
+		"min_protocol_version", max(s.MinProtocolVersion, protocol.MinVersion))
 	return nil
 }
 
@@ -359,9 +410,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		// is taken up again by the next start.
 		if s.lcStop != nil {
 			s.lcStop()
-			select {
-			case <-s.lcDone:
-			case <-ctx.Done():
+			for _, done := range []chan struct{}{s.lcDone, s.rcDone} {
+				select {
+				case <-done:
+				case <-ctx.Done():
+				}
 			}
 		}
 		err = errors.Join(
@@ -373,6 +426,24 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.log().Info("control plane stopped")
 	})
 	return err
+}
+
+// checkReleasePins checks serve's release pins and threshold.
+func checkReleasePins(pins []string, threshold int) error {
+	seen := map[string]bool{}
+	for _, p := range pins {
+		if _, err := pki.ParsePin(p); err != nil {
+			return fmt.Errorf("serve: --release-pins: %w", err)
+		}
+		if seen[p] {
+			return fmt.Errorf("serve: --release-pins: pin %s given twice", p)
+		}
+		seen[p] = true
+	}
+	if threshold < 0 || threshold > max(len(pins), 1) || threshold > 0 && len(pins) == 0 {
+		return fmt.Errorf("serve: --release-threshold %d: want 1 to %d (the number of --release-pins)", threshold, len(pins))
+	}
+	return nil
 }
 
 // operatorToken creates the operator token at the first start.

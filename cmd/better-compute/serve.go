@@ -11,7 +11,9 @@ import (
 	"github.com/better-compute/bcd/controlplane"
 	"github.com/better-compute/bcd/controlplane/join"
 	"github.com/better-compute/bcd/controlplane/lifecycle"
+	"github.com/better-compute/bcd/controlplane/rollouts"
 	"github.com/better-compute/bcd/internal/cli"
+	"github.com/better-compute/bcd/protocol"
 )
 
 func newServeCmd() *cobra.Command {
@@ -35,6 +37,10 @@ BETTER_COMPUTE_GATEWAY_SERVER_NAME, else the gateway's own address.
 It also runs every machine's lifecycle (better-compute machines deploy): each step has a
 timeout (--lifecycle-timeouts) and bounded retries, and a restart takes every machine up
 where the store says it was.
+
+It also runs the rollouts (better-compute rollouts create): releases add verifies every
+manifest under --release-pins (at least --release-threshold of them), and refuses without
+them.
 
 Node certificates last --cert-lifetime (default 90 days); a node renews its certificate
 at about two thirds of that over POST /v1/renew.`,
@@ -71,6 +77,12 @@ at about two thirds of that over POST /v1/renew.`,
 	f.StringVar(&s.BasePath, "base-path", "", "path prefix of the api routes, e.g. /p")
 	f.StringVar(&s.LifecycleTimeouts, "lifecycle-timeouts", "", "machine lifecycle step timeouts, e.g. ramdisk=10m,deploy=1h,install=15m,bmc=2m,inventory=2m,grace=1m (default $"+lifecycle.EnvTimeouts+", else those)")
 	f.DurationVar(&s.CertLifetime, "cert-lifetime", join.DefaultCertTTL, "lifetime of the node certificates a join or renewal issues (at least "+controlplane.MinCertLifetime.String()+"); nodes renew at two thirds of it")
+	f.StringSliceVar(&s.ReleasePins, "release-pins", nil, "SPKI pins (sha256/…) of the operator's release signing keys: releases add verifies every manifest under them, and is refused without them")
+	f.IntVar(&s.ReleaseThreshold, "release-threshold", 0, "how many distinct --release-pins keys must have signed a release (default 1)")
+	f.IntVar(&s.MinProtocolVersion, "min-protocol-version", protocol.MinVersion, "agents below this protocol version are upgrade_required: sent only daemon.upgrade (for tests)")
+	f.DurationVar(&s.RolloutTick, "rollout-interval", rollouts.DefaultTick, "how often the rollout controller looks at active rollouts when nothing woke it (for tests)")
+	f.MarkHidden("min-protocol-version")
+	f.MarkHidden("rollout-interval")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/better-compute/bcd/controlplane/httpjson"
 	"github.com/better-compute/bcd/controlplane/machines"
+	"github.com/better-compute/bcd/controlplane/rollouts"
 	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/controlplane/token"
 	"github.com/better-compute/bcd/internal/human"
@@ -50,6 +51,9 @@ type Store interface {
 	store.Machines
 	store.TPMEnrollments
 	store.PoolPolicies
+	store.Daemons
+	store.Releases
+	store.Rollouts
 	GetDeployment(ctx context.Context, id string) (store.Deployment, error)
 }
 
@@ -79,6 +83,9 @@ type Server struct {
 	// Lifecycle runs deployments; nil refuses deploy and cancel
 	// (UNSUPPORTED).
 	Lifecycle Lifecycle
+	// Rollouts adds releases, runs rollouts and sends daemon.upgrade; nil
+	// refuses them (UNSUPPORTED).
+	Rollouts *rollouts.Service
 	// Logger; nil discards.
 	Logger *slog.Logger
 	// Now is the clock; nil means time.Now.
@@ -148,6 +155,13 @@ func (s *Server) Handler() http.Handler {
 	op("GET /pools", s.listPoolPolicies)
 	op("GET /pools/{pool}/policy", s.getPoolPolicy)
 	op("PUT /pools/{pool}/policy", s.setPoolPolicy)
+	op("POST /releases", s.addRelease)
+	op("GET /releases", s.listReleases)
+	op("POST /rollouts", s.createRollout)
+	op("GET /rollouts", s.listRollouts)
+	op("GET /rollouts/{id}", s.getRollout)
+	op("POST /rollouts/{id}/{action}", s.actOnRollout)
+	op("POST /nodes/{id}/upgrade", s.upgradeNode)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		httpjson.WriteJSON(w, http.StatusNotFound, httpjson.Errorf(protocol.CodeNotFound, "no such route: %s %s", r.Method, human.ShortN(r.URL.Path, 80)))
 	})

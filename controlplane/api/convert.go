@@ -49,12 +49,50 @@ func tokenState(t store.Token, now time.Time) string {
 	return apitype.TokenActive
 }
 
-func toNode(n store.Node) apitype.NodeInfo {
-	return apitype.NodeInfo{ID: n.ID, Role: n.Role, Site: n.Site, Pool: n.Pool, SPIFFEID: n.SPIFFEID, Claims: n.Claims,
+// toNode is n with its latest report on its daemon section (nil: none).
+func toNode(n store.Node, daemon *store.SectionStatus) apitype.NodeInfo {
+	info := apitype.NodeInfo{ID: n.ID, Role: n.Role, Site: n.Site, Pool: n.Pool, SPIFFEID: n.SPIFFEID, Claims: n.Claims,
 		SystemUUID: n.SystemUUID, TPMEKSHA256: n.TPMEKSHA256, CertSerial: n.CertSerial, CertNotAfter: n.CertNotAfter,
 		State: n.State, Cordoned: n.Cordoned, CreatedAt: n.CreatedAt, UpdatedAt: n.UpdatedAt, JoinedAt: n.JoinedAt,
 		DeletedAt: n.DeletedAt, SessionID: n.SessionID, DaemonVersion: n.DaemonVersion, LastSeenAt: n.LastSeenAt,
-		SpecRevision: n.SpecRevision, Connected: n.SessionID != 0}
+		SpecRevision: n.SpecRevision, Connected: n.SessionID != 0, DaemonArch: n.DaemonArch}
+	if n.DaemonTarget != nil {
+		info.DaemonTarget = n.DaemonTarget.Version
+	}
+	if daemon != nil {
+		info.DaemonSection = &apitype.SectionStatus{State: daemon.State, Reason: daemon.Reason, Message: daemon.Message,
+			Version: daemon.Version, Revision: daemon.Revision}
+	}
+	return info
+}
+
+// toRelease is r without its manifest, with each binary's URL.
+func toRelease(r store.Release) apitype.Release {
+	out := apitype.Release{Version: r.Version, Product: r.Product, Sequence: r.Sequence, Expires: r.Expires, URLBase: r.URLBase,
+		Binaries: make([]apitype.ReleaseBinary, 0, len(r.Binaries)), AddedAt: r.AddedAt}
+	for _, b := range r.Binaries {
+		out.Binaries = append(out.Binaries, apitype.ReleaseBinary{Arch: b.Arch, Name: b.Name, Size: b.Size, SHA256: b.SHA256, URL: r.BinaryURL(b.Arch)})
+	}
+	return out
+}
+
+// toRollout is r with its nodes and timeline when it has them (waves and,
+// with nodes read, the two lists are never null).
+func toRollout(r store.Rollout) apitype.Rollout {
+	out := apitype.Rollout{ID: r.ID, Version: r.Version, Role: r.Role, Pool: r.Pool, Site: r.Site, Waves: r.Waves,
+		MaxUnavailable: r.MaxUnavailable, FailureThreshold: r.FailureThreshold, WaveTimeout: r.WaveTimeout.String(),
+		State: r.State, Reason: r.Reason, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt}
+	if out.Waves == nil {
+		out.Waves = []int{}
+	}
+	for _, n := range r.Nodes {
+		out.Nodes = append(out.Nodes, apitype.RolloutNode{Node: n.NodeID, Pool: n.Pool, Wave: n.Wave, State: n.State, Reason: n.Reason,
+			Message: n.Message, CommandID: n.CommandID, StartedAt: n.StartedAt, FinishedAt: n.FinishedAt})
+	}
+	for _, e := range r.Timeline {
+		out.Timeline = append(out.Timeline, apitype.RolloutEvent{At: e.At, Message: e.Message})
+	}
+	return out
 }
 
 // toCommand is c with the content of every file in its params (a

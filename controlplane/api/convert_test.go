@@ -8,9 +8,11 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/better-compute/bcd/controlplane/apitype"
 	"github.com/better-compute/bcd/controlplane/store"
+	"github.com/better-compute/bcd/protocol"
 )
 
 // TestConvertGolden: what the api answers for the fixtures' rows is, byte
@@ -32,8 +34,8 @@ func TestConvertGolden(t *testing.T) {
 		"token_zero":          toToken(store.Token{ExpiresAt: t1}, t1.Add(-1)),
 		"token_created":       apitype.TokenCreated{TokenInfo: toToken(usedToken(), t1), Token: "bcjt_x"},
 		"tokens_zero":         apitype.TokenList{Tokens: []apitype.TokenInfo{}},
-		"node_full":           toNode(fullNode()),
-		"node_zero":           toNode(store.Node{}),
+		"node_full":           toNode(fullNode(), nil),
+		"node_zero":           toNode(store.Node{}, nil),
 		"nodes_zero":          apitype.NodeList{Nodes: []apitype.NodeInfo{}},
 		"command_full":        toCommand(fullCommand()),
 		"command_zero":        toCommand(store.Command{}),
@@ -44,6 +46,11 @@ func TestConvertGolden(t *testing.T) {
 		"events_zero":         apitype.MachineEventList{Events: toEvents(nil)},
 		"deploy_created":      apitype.DeployCreated{Machine: full, Deployment: cur},
 		"deploy_created_zero": apitype.DeployCreated{Machine: zero, Deployment: toDeployment(store.Deployment{})},
+		"node_upgrading":      toNode(upgradingNode(), &store.SectionStatus{State: "FAILED", Reason: "UpdateFailed", Message: "bcd 0.1.2 did not start", Version: "0.1.2", Revision: 4}),
+		"release_full":        toRelease(fullRelease()),
+		"releases_zero":       apitype.ReleaseList{Releases: []apitype.Release{}},
+		"rollout_full":        toRollout(fullRollout()),
+		"rollout_zero":        toRollout(store.Rollout{}),
 	}
 	for name, v := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -67,7 +74,7 @@ func TestConvertGolden(t *testing.T) {
 			}
 			// The fixtures' secrets never come out.
 			secret := base64.StdEncoding.EncodeToString([]byte("bcjt_secret"))
-			for _, s := range []string{"hunter2", secret, "user:pw", "sig=s", "#f"} {
+			for _, s := range []string{"hunter2", secret, "user:pw", "sig=s", "#f", "secret-ish"} {
 				if strings.Contains(string(got), s) {
 					t.Errorf("%s shows %q", name, s)
 				}
@@ -120,4 +127,32 @@ func FuzzRedactParams(f *testing.F) {
 			}
 		}
 	})
+}
+
+func upgradingNode() store.Node {
+	n := fullNode()
+	n.DaemonArch = "arm64"
+	n.DaemonTarget = &protocol.DaemonSection{Version: "0.1.2", URL: "https://cp.example.test/downloads/bcd/0.1.2/linux-arm64",
+		SHA256: strings.Repeat("ab", 32), Signature: `{"manifest_version":1}`}
+	return n
+}
+
+// fullRelease has a manifest the api never shows.
+func fullRelease() store.Release {
+	return store.Release{Version: "0.1.2", Product: "bcd", Sequence: 3, Expires: t1.Add(720 * time.Hour), Manifest: `{"secret-ish":"manifest"}`,
+		URLBase: "https://cp.example.test", AddedAt: t1,
+		Binaries: []store.ReleaseBinary{{Arch: "amd64", Name: "bcd_0.1.2_linux_amd64", Size: 1234, SHA256: strings.Repeat("cd", 32)}}}
+}
+
+func fullRollout() store.Rollout {
+	return store.Rollout{ID: "ro_1", Version: "0.1.2", Role: "node", Pool: "pool_a", Site: "fsn1", Waves: []int{50, 100},
+		MaxUnavailable: 1, FailureThreshold: 10, WaveTimeout: 30 * time.Minute, State: store.RolloutPaused,
+		Reason: "1 of 1 finished nodes failed (100% > 10%): node n1: UpdateFailed: bcd 0.1.2 did not start", Revision: 4,
+		CreatedAt: t1, UpdatedAt: t1.Add(time.Minute),
+		Nodes: []store.RolloutNode{
+			{NodeID: "n1", Pool: "pool_a", Wave: 1, State: store.RolloutNodeFailed, Reason: "UpdateFailed", Message: "bcd 0.1.2 did not start",
+				CommandID: "cmd_1", StartedAt: t1, FinishedAt: t1.Add(time.Minute)},
+			{NodeID: "n2", Pool: "pool_a", Wave: 2, State: store.RolloutNodePending},
+		},
+		Timeline: []store.RolloutEvent{{At: t1, Message: "created"}, {At: t1.Add(time.Minute), Message: "paused: …"}}}
 }

@@ -130,9 +130,17 @@ func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	secs, err := s.Store.ListSectionStatuses(r.Context(), protocol.SectionDaemon)
+	if err != nil {
+		return err
+	}
+	daemon := make(map[string]*store.SectionStatus, len(secs))
+	for i := range secs {
+		daemon[secs[i].NodeID] = &secs[i]
+	}
 	out := apitype.NodeList{Nodes: make([]apitype.NodeInfo, 0, len(nodes))}
 	for _, n := range nodes {
-		out.Nodes = append(out.Nodes, toNode(n))
+		out.Nodes = append(out.Nodes, toNode(n, daemon[n.ID]))
 	}
 	httpjson.WriteJSON(w, http.StatusOK, out)
 	return nil
@@ -164,7 +172,14 @@ func (s *Server) getNode(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	httpjson.WriteJSON(w, http.StatusOK, toNode(n))
+	var daemon *store.SectionStatus
+	switch sec, err := s.Store.GetSectionStatus(r.Context(), n.ID, protocol.SectionDaemon); {
+	case err == nil:
+		daemon = &sec
+	case !errors.Is(err, store.ErrNotFound):
+		return err
+	}
+	httpjson.WriteJSON(w, http.StatusOK, toNode(n, daemon))
 	return nil
 }
 

@@ -124,10 +124,18 @@ type NodeInfo struct {
 	DeletedAt time.Time `json:"deleted_at,omitzero"`
 	// SessionID is the node's open gateway session, 0 when it has none.
 	SessionID     int64     `json:"session_id,omitempty"`
-	DaemonVersion string    `json:"daemon_version,omitempty"`
+	DaemonVersion string    `json:"daemon_version"`
 	LastSeenAt    time.Time `json:"last_seen_at,omitzero"`
 	SpecRevision  int64     `json:"spec_revision"`
 	Connected     bool      `json:"connected"`
+	// DaemonArch is the GOARCH the node's bcd reported.
+	DaemonArch string `json:"daemon_arch"`
+	// DaemonTarget is the release the node should run (its daemon
+	// section), "" for none.
+	DaemonTarget string `json:"daemon_target,omitempty"`
+	// DaemonSection is the node's latest report on its daemon section,
+	// nil for none.
+	DaemonSection *SectionStatus `json:"daemon_section"`
 }
 
 // Deleted reports whether the node was deleted.

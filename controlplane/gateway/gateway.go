@@ -44,6 +44,7 @@ type Store interface {
 	OpenCommands(ctx context.Context, nodeID string) ([]store.Command, error)
 	MarkSent(ctx context.Context, id string, at time.Time) error
 	ApplyStatus(ctx context.Context, u store.StatusUpdate) (bool, error)
+	ApplySectionStatus(ctx context.Context, s store.SectionStatus) (bool, error)
 }
 
 // SpecSource builds an agent's desired state.
@@ -67,6 +68,12 @@ type Observer interface {
 	// SessionChanged: the node's session opened (its Welcome is out and the
 	// node is ready) or closed.
 	SessionChanged(nodeID string)
+}
+
+// SectionObserver is told about a node's report on a section of its spec
+// once the store has it: the rollout controller. Calls must not block.
+type SectionObserver interface {
+	SectionChanged(nodeID, section string)
 }
 
 // Server is the gateway. Set the fields, then serve Handler() on a TLS
@@ -108,6 +115,12 @@ type Server struct {
 	// Observer, when set, is told about stored statuses and sessions that
 	// open or close.
 	Observer Observer
+	// Sections, when set, is told about stored section statuses.
+	Sections SectionObserver
+	// MinProtocolVersion is the oldest protocol an agent may speak before
+	// its session is upgrade_required (it is sent only daemon.upgrade); 0
+	// means protocol.MinVersion.
+	MinProtocolVersion int
 	// Logger; nil discards.
 	Logger *slog.Logger
 	// Now is the clock; nil means time.Now.
@@ -236,6 +249,18 @@ func (s *Server) SpecChanged(site string) {
 	}
 	s.mu.Unlock()
 	for _, ss := range kick {
+		ss.kickSpec()
+	}
+}
+
+// NodeSpecChanged tells the node's session, if it has one here, that its
+// spec changed (its daemon target): it builds it again and sends it when
+// its revision grew.
+func (s *Server) NodeSpecChanged(nodeID string) {
+	s.mu.Lock()
+	ss := s.sessions[nodeID]
+	s.mu.Unlock()
+	if ss != nil {
 		ss.kickSpec()
 	}
 }

@@ -203,9 +203,10 @@ func (ss *session) run(node store.Node, remote string) {
 		return
 	}
 	now := s.now()
-	ss.upgradeOnly = hello.ProtocolVersion < protocol.MinVersion
+	minVersion := orDefault(s.MinProtocolVersion, protocol.MinVersion)
+	ss.upgradeOnly = hello.ProtocolVersion < minVersion
 	ss.id, err = s.Store.OpenSession(ss.ctx, store.Session{
-		NodeID: ss.nodeID, Role: ss.role, DaemonVersion: hello.DaemonVersion, BootID: hello.BootID,
+		NodeID: ss.nodeID, Role: ss.role, DaemonVersion: hello.DaemonVersion, DaemonArch: archOf(hello.DaemonArch), BootID: hello.BootID,
 		ProtocolVersion: hello.ProtocolVersion, RemoteAddr: remote, ConnectedAt: now,
 	})
 	if err != nil {
@@ -245,7 +246,8 @@ func (ss *session) run(node store.Node, remote string) {
 	}
 	node = fresh
 	ss.node = fresh
-	ss.log.Info("session open", "session", ss.id, "daemon_version", hello.DaemonVersion, "protocol_version", hello.ProtocolVersion, "remote", remote)
+	ss.log.Info("session open", "session", ss.id, "daemon_version", hello.DaemonVersion, "daemon_arch", archOf(hello.DaemonArch),
+		"protocol_version", hello.ProtocolVersion, "upgrade_required", ss.upgradeOnly, "remote", remote)
 
 	spec, err := ss.spec()
 	if err != nil {
@@ -256,7 +258,7 @@ func (ss *session) run(node store.Node, remote string) {
 	ss.specRev = spec.Revision
 	welcome := protocol.Welcome{
 		ServerTime:         now.UTC(),
-		MinProtocolVersion: protocol.MinVersion,
+		MinProtocolVersion: minVersion,
 		UpgradeRequired:    ss.upgradeOnly,
 		NodeState:          node.State,
 		Spec:               spec,
@@ -417,10 +419,57 @@ func (ss *session) event(ev protocol.Event) error {
 			return err
 		}
 	}
+	if ev.Kind == protocol.EventSectionStatus {
+		if err := ss.sectionStatus(ev); err != nil {
+			return err
+		}
+	}
 	return ss.srv.Store.AddEvent(ss.ctx, store.Event{
 		NodeID: ss.nodeID, SessionID: ss.id, Seq: ev.Seq, Kind: ev.Kind, Time: ev.Time, Level: ev.Level,
 		Message: ev.Message, Data: ev.Data, ReceivedAt: ss.srv.now(),
 	})
+}
+
+// maxSectionText bounds a section status's message as stored.
+const maxSectionText = 1024
+
+// sectionStatus records a section.status event as the node's latest report
+// on the section, unless the store has a newer one (a replay of an older
+// report changes nothing). A malformed one is stored as an event only.
+func (ss *session) sectionStatus(ev protocol.Event) error {
+	var st protocol.SectionStatus
+	if err := json.Unmarshal(ev.Data, &st); err != nil || st.Section == "" || len(st.Section) > 64 ||
+		!protocol.Terminal(st.State) && st.State != protocol.SectionRunning {
+		ss.log.Warn("session: ignoring a malformed section.status", "section", human.Short(st.Section), "state", human.Short(st.State))
+		return nil
+	}
+	applied, err := ss.srv.Store.ApplySectionStatus(ss.ctx, store.SectionStatus{NodeID: ss.nodeID, Section: st.Section, State: st.State,
+		Reason: human.ShortN(st.Reason, 64), Message: human.ShortN(st.Message, maxSectionText), Version: human.ShortN(st.Version, 80),
+		Revision: st.Revision, At: ev.Time, ReceivedAt: ss.srv.now()})
+	if err != nil {
+		return err
+	}
+	if applied {
+		ss.log.Info("section status", "section", st.Section, "state", st.State, "reason", st.Reason, "version", st.Version, "revision", st.Revision)
+		if ss.srv.Sections != nil {
+			ss.srv.Sections.SectionChanged(ss.nodeID, st.Section)
+		}
+	}
+	return nil
+}
+
+// archOf is the GOARCH an agent says it runs on, as stored: "" for a value
+// that is no GOARCH's form.
+func archOf(a string) string {
+	if a == "" || len(a) > 16 {
+		return ""
+	}
+	for _, r := range a {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9') {
+			return ""
+		}
+	}
+	return a
 }
 
 func (ss *session) ack(seq uint64) {
@@ -441,12 +490,18 @@ func (ss *session) kickSpec() {
 	}
 }
 
-// spec builds the node's spec.
+// spec builds the node's spec from the node as stored now: its daemon
+// target and revision change while the session lasts. ss.node is left as
+// it is, for the read loop.
 func (ss *session) spec() (*protocol.Spec, error) {
-	if ss.srv.Specs == nil {
-		return &protocol.Spec{Revision: ss.node.SpecRevision}, nil
+	node, err := ss.srv.Store.GetNode(ss.ctx, ss.nodeID)
+	if err != nil {
+		return nil, err
 	}
-	return ss.srv.Specs.Spec(ss.ctx, ss.node)
+	if ss.srv.Specs == nil {
+		return &protocol.Spec{Revision: node.SpecRevision}, nil
+	}
+	return ss.srv.Specs.Spec(ss.ctx, node)
 }
 
 // pushSpec writes the spec when its revision is past the one last written.

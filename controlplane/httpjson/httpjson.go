@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strings"
 
 	"github.com/better-compute/bcd/controlplane/refusal"
 	"github.com/better-compute/bcd/protocol"
@@ -44,6 +45,11 @@ func Status(code string) int {
 		return http.StatusUnprocessableEntity
 	case protocol.CodeUnavailable:
 		return http.StatusServiceUnavailable
+	}
+	if strings.HasPrefix(code, "RELEASE_") {
+		// A release refused (untrusted, expired, mismatched, incomplete):
+		// well formed, not acceptable.
+		return http.StatusUnprocessableEntity
 	}
 	return http.StatusInternalServerError
 }

@@ -18,6 +18,8 @@ const (
 	PrefixMachine = "m_"
 	// PrefixDeployment names a machine's deployment (the lifecycle).
 	PrefixDeployment = "dep_"
+	// PrefixRollout names a rollout of a release.
+	PrefixRollout = "ro_"
 )
 
 // ULIDLen is the length of the part after the prefix.

@@ -27,10 +27,21 @@ type Specs struct {
 	GatewayURL string
 }
 
-// Spec is node's desired state now.
+// Spec is node's desired state now. A node or site agent with a daemon
+// target gets it as the daemon section. A site agent's revision is its
+// site's plus its own: both only grow, so the sum grows with either (a
+// machine of the site, the agent's own daemon target).
 func (s *Specs) Spec(ctx context.Context, node store.Node) (*protocol.Spec, error) {
 	if node.Role != protocol.RoleSite {
-		return &protocol.Spec{Revision: node.SpecRevision}, nil
+		spec := &protocol.Spec{Revision: node.SpecRevision}
+		if node.Role == protocol.RoleNode && node.DaemonTarget != nil {
+			b, err := json.Marshal(node.DaemonTarget)
+			if err != nil {
+				return nil, fmt.Errorf("spec of %s: %s: %w", node.ID, protocol.SectionDaemon, err)
+			}
+			spec.Sections = map[string]json.RawMessage{protocol.SectionDaemon: b}
+		}
+		return spec, nil
 	}
 	// The site first: a machine changed after this read is in the list
 	// below with an older revision, and pushed again under the newer one;
@@ -65,7 +76,10 @@ func (s *Specs) Spec(ctx context.Context, node store.Node) (*protocol.Spec, erro
 		}
 		sections[protocol.SectionHTTPProxy] = p
 	}
-	spec := &protocol.Spec{Revision: site.SpecRevision, Sections: make(map[string]json.RawMessage, len(sections))}
+	if node.DaemonTarget != nil {
+		sections[protocol.SectionDaemon] = node.DaemonTarget
+	}
+	spec := &protocol.Spec{Revision: site.SpecRevision + node.SpecRevision, Sections: make(map[string]json.RawMessage, len(sections))}
 	for name, v := range sections {
 		b, err := json.Marshal(v)
 		if err != nil {

@@ -122,6 +122,11 @@ type Node struct {
 	DaemonVersion string    `json:"daemon_version,omitempty"`
 	LastSeenAt    time.Time `json:"last_seen_at,omitzero"`
 	SpecRevision  int64     `json:"spec_revision"`
+	// DaemonArch is the GOARCH the node's bcd last reported (Hello).
+	DaemonArch string `json:"daemon_arch,omitempty"`
+	// DaemonTarget is the release the node should run (its spec's daemon
+	// section), nil for none; set by a rollout.
+	DaemonTarget *protocol.DaemonSection `json:"daemon_target,omitempty"`
 }
 
 // Deleted reports whether the node was deleted (its identity revoked).
@@ -133,6 +138,7 @@ type Session struct {
 	NodeID          string    `json:"node_id"`
 	Role            string    `json:"role"`
 	DaemonVersion   string    `json:"daemon_version"`
+	DaemonArch      string    `json:"daemon_arch,omitempty"`
 	BootID          string    `json:"boot_id"`
 	ProtocolVersion int       `json:"protocol_version"`
 	RemoteAddr      string    `json:"remote_addr"`
@@ -336,5 +342,8 @@ type Store interface {
 	Deployments
 	TPMEnrollments
 	PoolPolicies
+	Releases
+	Daemons
+	Rollouts
 	Close() error
 }

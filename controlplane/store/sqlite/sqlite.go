@@ -21,7 +21,7 @@ const DBFile = "better-compute.db"
 // migrations bring a database from PRAGMA user_version i to i+1; a new
 // database runs them all. Each is append-only: a released migration is
 // never edited.
-var migrations = []string{schemaV1, schemaV2, schemaV3, schemaV4, schemaV5, schemaV6}
+var migrations = []string{schemaV1, schemaV2, schemaV3, schemaV4, schemaV5, schemaV6, schemaV7}
 
 // schemaVersion is PRAGMA user_version of a database this build has migrated.
 var schemaVersion = len(migrations)
@@ -210,6 +210,75 @@ UPDATE deployments SET left_ramdisk = ramdisk_node, ramdisk_node = '' WHERE step
 const schemaV6 = `
 ALTER TABLE nodes ADD COLUMN cert_key_sha256 TEXT NOT NULL DEFAULT '';
 ALTER TABLE nodes ADD COLUMN prev_cert_serial TEXT NOT NULL DEFAULT '';
+`
+
+// schemaV7 adds upgrades: the releases the operator added, a node's arch
+// and daemon target (its spec's daemon section), its latest report on
+// each section, and rollouts with their nodes and timelines.
+const schemaV7 = `
+ALTER TABLE nodes ADD COLUMN daemon_arch TEXT NOT NULL DEFAULT '';
+ALTER TABLE nodes ADD COLUMN daemon_target TEXT;
+ALTER TABLE nodes ADD COLUMN daemon_target_version TEXT NOT NULL DEFAULT '';
+ALTER TABLE node_sessions ADD COLUMN daemon_arch TEXT NOT NULL DEFAULT '';
+CREATE TABLE releases (
+	version  TEXT PRIMARY KEY,
+	product  TEXT NOT NULL,
+	sequence INTEGER NOT NULL,
+	expires  INTEGER NOT NULL,
+	manifest TEXT NOT NULL,
+	url_base TEXT NOT NULL,
+	binaries TEXT NOT NULL,
+	added_at INTEGER NOT NULL
+);
+CREATE TABLE node_section_status (
+	node_id     TEXT NOT NULL,
+	section     TEXT NOT NULL,
+	state       TEXT NOT NULL,
+	reason      TEXT NOT NULL DEFAULT '',
+	message     TEXT NOT NULL DEFAULT '',
+	version     TEXT NOT NULL DEFAULT '',
+	revision    INTEGER NOT NULL,
+	at          INTEGER NOT NULL,
+	received_at INTEGER NOT NULL,
+	PRIMARY KEY (node_id, section)
+);
+CREATE TABLE rollouts (
+	id                TEXT PRIMARY KEY,
+	version           TEXT NOT NULL,
+	role              TEXT NOT NULL,
+	pool              TEXT NOT NULL DEFAULT '',
+	site              TEXT NOT NULL DEFAULT '',
+	waves             TEXT NOT NULL,
+	max_unavailable   INTEGER NOT NULL,
+	failure_threshold INTEGER NOT NULL,
+	wave_timeout_ms   INTEGER NOT NULL,
+	state             TEXT NOT NULL,
+	reason            TEXT NOT NULL DEFAULT '',
+	revision          INTEGER NOT NULL DEFAULT 1,
+	created_at        INTEGER NOT NULL,
+	updated_at        INTEGER NOT NULL
+);
+CREATE INDEX rollouts_active ON rollouts(created_at) WHERE state IN ('running', 'paused');
+CREATE TABLE rollout_nodes (
+	rollout_id  TEXT NOT NULL REFERENCES rollouts(id),
+	node_id     TEXT NOT NULL,
+	pool        TEXT NOT NULL,
+	wave        INTEGER NOT NULL,
+	state       TEXT NOT NULL,
+	reason      TEXT NOT NULL DEFAULT '',
+	message     TEXT NOT NULL DEFAULT '',
+	command_id  TEXT NOT NULL DEFAULT '',
+	started_at  INTEGER,
+	finished_at INTEGER,
+	PRIMARY KEY (rollout_id, node_id)
+);
+CREATE TABLE rollout_events (
+	id         INTEGER PRIMARY KEY,
+	rollout_id TEXT NOT NULL REFERENCES rollouts(id),
+	at         INTEGER NOT NULL,
+	message    TEXT NOT NULL
+);
+CREATE INDEX rollout_events_rollout ON rollout_events(rollout_id, id);
 `
 
 // schemaV3 adds the machine lifecycle: a machine's firmware and current

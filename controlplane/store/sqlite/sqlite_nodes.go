@@ -3,26 +3,36 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/better-compute/bcd/protocol"
 	"time"
 
 	"github.com/better-compute/bcd/controlplane/store"
+	"github.com/better-compute/bcd/protocol"
 )
 
 const nodeColumns = `id, role, site, pool, spiffe_id, claims, system_uuid, tpm_ek_sha256, cert_serial, cert_not_after,
 	state, cordoned, created_at, updated_at, joined_at, deleted_at, session_id, daemon_version, last_seen_at, spec_revision,
-	cert_key_sha256, prev_cert_serial`
+	cert_key_sha256, prev_cert_serial, daemon_arch, daemon_target`
 
 func scanNode(sc interface{ Scan(...any) error }) (store.Node, error) {
 	var n store.Node
 	var claims string
+	var target sql.NullString
 	var notAfter, created, updated, joined, deleted, lastSeen, session sql.NullInt64
 	if err := sc.Scan(&n.ID, &n.Role, &n.Site, &n.Pool, &n.SPIFFEID, &claims, &n.SystemUUID, &n.TPMEKSHA256,
 		&n.CertSerial, &notAfter, &n.State, &n.Cordoned, &created, &updated, &joined, &deleted, &session,
-		&n.DaemonVersion, &lastSeen, &n.SpecRevision, &n.CertKeySHA256, &n.PrevCertSerial); err != nil {
+		&n.DaemonVersion, &lastSeen, &n.SpecRevision, &n.CertKeySHA256, &n.PrevCertSerial,
+		&n.DaemonArch, &target); err != nil {
 		return store.Node{}, err
+	}
+	if target.Valid {
+		var d protocol.DaemonSection
+		if err := json.Unmarshal([]byte(target.String), &d); err != nil {
+			return store.Node{}, fmt.Errorf("node %s: daemon target: %w", n.ID, err)
+		}
+		n.DaemonTarget = &d
 	}
 	n.Claims = []byte(claims)
 	n.CertNotAfter, n.CreatedAt, n.UpdatedAt, n.JoinedAt = fromMS(notAfter), fromMS(created), fromMS(updated), fromMS(joined)

@@ -12,8 +12,8 @@ func (s *sqliteStore) OpenSession(ctx context.Context, se store.Session) (int64,
 	var id int64
 	err := s.tx(ctx, func(tx *sql.Tx) error {
 		res, err := tx.ExecContext(ctx, `INSERT INTO node_sessions (node_id, role, daemon_version, boot_id,
-			protocol_version, remote_addr, connected_at) VALUES (?, ?, ?, ?, ?, ?, ?)`,
-			se.NodeID, se.Role, se.DaemonVersion, se.BootID, se.ProtocolVersion, se.RemoteAddr, ms(se.ConnectedAt))
+			protocol_version, remote_addr, connected_at, daemon_arch) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
+			se.NodeID, se.Role, se.DaemonVersion, se.BootID, se.ProtocolVersion, se.RemoteAddr, ms(se.ConnectedAt), se.DaemonArch)
 		if err != nil {
 			return err
 		}
@@ -23,9 +23,11 @@ func (s *sqliteStore) OpenSession(ctx context.Context, se store.Session) (int64,
 		if err := updateLiveNode(ctx, tx, se.NodeID, `last_seen_at = ?`, ms(se.ConnectedAt)); err != nil {
 			return err
 		}
-		// Of two sessions that race, the later one is the node's.
-		_, err = tx.ExecContext(ctx, `UPDATE nodes SET session_id = ?, daemon_version = ?
-			WHERE id = ? AND (session_id IS NULL OR session_id < ?)`, id, se.DaemonVersion, se.NodeID, id)
+		// Of two sessions that race, the later one is the node's. An agent
+		// that does not say its arch (an older bcd) leaves the one known.
+		_, err = tx.ExecContext(ctx, `UPDATE nodes SET session_id = ?, daemon_version = ?,
+			daemon_arch = CASE ? WHEN '' THEN daemon_arch ELSE ? END
+			WHERE id = ? AND (session_id IS NULL OR session_id < ?)`, id, se.DaemonVersion, se.DaemonArch, se.DaemonArch, se.NodeID, id)
 		return err
 	})
 	return id, wrap("open session of "+se.NodeID, err)
@@ -56,8 +58,8 @@ func (s *sqliteStore) GetSession(ctx context.Context, id int64) (store.Session, 
 	var se store.Session
 	var connected, disconnected sql.NullInt64
 	err := s.r.QueryRowContext(ctx, `SELECT id, node_id, role, daemon_version, boot_id, protocol_version, remote_addr,
-		connected_at, disconnected_at FROM node_sessions WHERE id = ?`, id).Scan(&se.ID, &se.NodeID, &se.Role, &se.DaemonVersion,
-		&se.BootID, &se.ProtocolVersion, &se.RemoteAddr, &connected, &disconnected)
+		connected_at, disconnected_at, daemon_arch FROM node_sessions WHERE id = ?`, id).Scan(&se.ID, &se.NodeID, &se.Role, &se.DaemonVersion,
+		&se.BootID, &se.ProtocolVersion, &se.RemoteAddr, &connected, &disconnected, &se.DaemonArch)
 	se.ConnectedAt, se.DisconnectedAt = fromMS(connected), fromMS(disconnected)
 	return se, wrap("session", err)
 }

@@ -47,6 +47,10 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"TPMEnrollments", testTPMEnrollments},
 		{"AdmitEnrollsTPM", testAdmitEnrollsTPM},
 		{"PoolPolicies", testPoolPolicies},
+		{"Releases", testReleases},
+		{"DaemonTargetAndArch", testDaemonTargetAndArch},
+		{"SectionStatuses", testSectionStatuses},
+		{"Rollouts", testRollouts},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := open(t)

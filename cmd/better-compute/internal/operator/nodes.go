@@ -38,7 +38,7 @@ func newNodesCmd() *cobra.Command {
 			}
 			now := time.Now()
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NODE\tROLE\tSITE\tPOOL\tSTATE\tCONNECTED\tVERSION\tLAST SEEN\tCERT EXPIRES")
+			fmt.Fprintln(tw, "NODE\tROLE\tSITE\tPOOL\tSTATE\tCONNECTED\tVERSION\tUPDATE\tLAST SEEN\tCERT EXPIRES")
 			for _, n := range nodes {
 				connected, seen := "no", ago(n.LastSeenAt, now)
 				if n.Connected {
@@ -48,7 +48,8 @@ func newNodesCmd() *cobra.Command {
 				if !n.CertNotAfter.IsZero() {
 					expires = n.CertNotAfter.UTC().Format(time.RFC3339)
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.ID, n.Role, n.Site, n.Pool, nodeState(n), connected, dash(n.DaemonVersion), seen, expires)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.ID, n.Role, n.Site, n.Pool, nodeState(n), connected,
+					dash(n.DaemonVersion), updateColumn(n), seen, expires)
 			}
 			return tw.Flush()
 		},
@@ -137,7 +138,53 @@ as a new node. Without --yes it says what it would delete and exits 2.`,
 			return err
 		},
 	}
-	cmd.AddCommand(list, del, cordon(true), cordon(false), reboot)
+	var upVersion, upManifest, upURL string
+	upgrade := &cobra.Command{
+		Use:   "upgrade NODE (--version V | --manifest FILE [--url URL])",
+		Short: "Send a node daemon.upgrade now; prints the command id",
+		Long: `Send one node a daemon.upgrade now, outside any rollout. With --version the release comes
+from releases add (verified under serve's --release-pins) and the binary for the node's arch
+from its URL base. With --manifest the control plane checks only the manifest's form and that
+it lists the node's bare binary bcd_<version>_linux_<arch>, not its signatures: the node
+verifies them under its own [update] release pins and refuses what they do not vouch for.
+--url (https) is where the node downloads the binary; the default is
+<api url>/downloads/bcd/<version>/linux-<arch>. Follow it with commands get ID.`,
+		Args: cli.ExactArgs(1, "the node id"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if (upVersion == "") == (upManifest == "") {
+				return cli.Usagef("nodes upgrade: give --version V or --manifest FILE, one of them")
+			}
+			if upURL != "" && upManifest == "" {
+				return cli.Usagef("nodes upgrade: --url goes with --manifest")
+			}
+			c, err := af.client()
+			if err != nil {
+				return err
+			}
+			in := apitype.NodeUpgrade{Version: upVersion, URL: upURL}
+			if upManifest != "" {
+				data, err := readManifest(upManifest)
+				if err != nil {
+					return err
+				}
+				in.Manifest, in.URLBase = string(data), c.Server()
+			}
+			out, err := c.UpgradeNode(cmd.Context(), args[0], in)
+			if err != nil {
+				return fmt.Errorf("nodes upgrade: %w", err)
+			}
+			if af.json() {
+				return printJSON(cmd.OutOrStdout(), out)
+			}
+			_, err = fmt.Fprintln(cmd.OutOrStdout(), out.ID)
+			return err
+		},
+	}
+	uf := upgrade.Flags()
+	uf.StringVar(&upVersion, "version", "", "a release added with releases add")
+	uf.StringVar(&upManifest, "manifest", "", "a signed manifest.json (its form is checked here, its signatures by the node)")
+	uf.StringVar(&upURL, "url", "", "with --manifest: https URL of the node's binary (default <api url>/downloads/bcd/<version>/linux-<arch>)")
+	cmd.AddCommand(list, del, cordon(true), cordon(false), reboot, upgrade)
 	return cmd
 }
 

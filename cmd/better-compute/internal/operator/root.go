@@ -17,7 +17,8 @@ func NewRoot() *cobra.Command {
 		Args:  cli.NoArgs,
 	}
 	root.AddCommand(newVersionCmd(), newPKICmd(), newReleaseCmd(), newDaemonCmd())
-	root.AddCommand(newTokensCmd(), newSitesCmd(), newNodesCmd(), newCommandsCmd(), newMachinesCmd(), newTPMCmd(), newPoolsCmd())
+	root.AddCommand(newTokensCmd(), newSitesCmd(), newNodesCmd(), newCommandsCmd(), newMachinesCmd(), newTPMCmd(), newPoolsCmd(),
+		newReleasesCmd(), newRolloutsCmd())
 	return root
 }
 
