@@ -34,11 +34,12 @@ set -u
 d=/etc/bcd-lab-probe
 base=$(cat $d/url)
 proxy=''
-for w in $(cat /proc/cmdline); do
+read -r cmdline </proc/cmdline
+for w in $cmdline; do
 	case $w in bcd.proxy=*) proxy=${w#bcd.proxy=} ;; esac
 done
 # The commands (an install script rerun) reach the api through the proxy too.
-export HTTPS_PROXY=$proxy https_proxy=$proxy
+export HTTPS_PROXY="$proxy" https_proxy="$proxy"
 say() { printf 'bcd-lab: %s\n' "$*"; }
 # changed KEY VALUE: VALUE is not the one last printed under KEY.
 changed() {

@@ -212,6 +212,13 @@ type nodeRow struct {
 	Pool          string `json:"pool"`
 	// CertNotAfter is the node certificate's expiry as the store has it.
 	CertNotAfter time.Time `json:"cert_not_after"`
+	// DaemonSection is the node's last report on its daemon section.
+	DaemonSection *struct {
+		State   string `json:"state"`
+		Reason  string `json:"reason"`
+		Message string `json:"message"`
+		Version string `json:"version"`
+	} `json:"daemon_section"`
 }
 
 func (cp *controlPlane) nodes() []nodeRow {
