@@ -66,7 +66,7 @@ while :; do
 	fi
 	changed entrypoint "$e" && say "entrypoint: $e"
 	if [ -f /var/lib/bcd/identity.json ]; then
-		i=$(tr -d '\r\n' </var/lib/bcd/identity.json)
+		i=$(grep -o '"node_id": *"[^"]*"' /var/lib/bcd/identity.json)
 		changed identity "$i" && say "identity: $i"
 	fi
 	s=$(systemctl show bcd.service -p ActiveState -p SubState -p NRestarts -p DropInPaths | tr '\n' ' ')
@@ -452,6 +452,9 @@ func TestDebianSelfUpdate(t *testing.T) {
 		}
 		if e := m.last("entrypoint"); !strings.HasPrefix(e, "file ") {
 			fail(fmt.Errorf("%s: /usr/local/bin/bcd after the install script: %q, want the script's plain file", m.name, e))
+		}
+		if _, err := m.vm.WaitConsole(wctx, regexp.MustCompile(`bcd-lab: systemctl is-active bcd: \S+`)); err != nil {
+			fail(err)
 		}
 		serial, _ := os.ReadFile(m.vm.Serial)
 		if err := checkHardened(string(serial), installscript.UnitPath); err != nil {
