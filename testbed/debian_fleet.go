@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/better-compute/bcd/controlplane/apitype"
+	"github.com/better-compute/bcd/nodeagent/installscript"
 	"github.com/better-compute/bcd/pki"
 )
 
@@ -51,17 +53,7 @@ type FleetNode struct {
 	DaemonVersion string `json:"daemon_version"`
 	DaemonArch    string `json:"daemon_arch"`
 	// DaemonSection is the node's last report on its spec's daemon section.
-	DaemonSection *FleetSection `json:"daemon_section"`
-}
-
-// FleetSection is a node's report on a section of its spec, as nodes list
-// -o json shows it.
-type FleetSection struct {
-	State    string `json:"state"`
-	Reason   string `json:"reason"`
-	Message  string `json:"message"`
-	Version  string `json:"version"`
-	Revision int64  `json:"revision"`
+	DaemonSection *apitype.SectionStatus `json:"daemon_section"`
 }
 
 // Nodes lists the control plane's nodes.
@@ -210,6 +202,17 @@ type DebianSeed struct {
 	// Link, instead of Src and Mode, makes Path a symlink to Link (a unit's
 	// wants link, as systemctl enable makes it).
 	Link string
+}
+
+// PlainDebianDisk copies a DebianOS image to disk as a plain Debian, with
+// what the image adds for a deployed node (bcd, its unit and its wants link)
+// taken out, and dirs and files seeded as SeedDebianRoot does: the disk of a
+// machine that an install script sets up.
+func PlainDebianDisk(image, disk string, dirs []string, files []DebianSeed) error {
+	if out, err := exec.Command("cp", "--sparse=always", image, disk).CombinedOutput(); err != nil {
+		return fmt.Errorf("testbed: cp %s: %v: %s", image, err, out)
+	}
+	return SeedDebianRoot(disk, []string{debianUnitWants, installscript.UnitPath, debianBcdPath}, dirs, files)
 }
 
 // SeedDebianRoot writes files into the root of a DebianOS image with debugfs,

@@ -65,22 +65,8 @@ const debianCmdline = "root=LABEL=root rw console=ttyS0,115200 panic=30 bcd.prox
 // standard input; it downloads bcd through the site's proxy, checks it, installs
 // the unit, joins and starts bcd.service, and the node shows up ready.
 func TestDebianFleet(t *testing.T) {
-	kernel := needLab(t)
-	for _, tool := range []string{"dnsmasq", "ipmi_sim", "ipmitool", "zstd", "socat", "sgdisk", "syslinux", "objcopy",
-		"mcopy", "mkfs.vfat", "mkfs.ext4", "debugfs", "e2fsck", "git"} {
-		testenv.NeedTool(t, tool)
-	}
-	began := time.Now()
-	dir := t.TempDir()
-	repo := repoRoot(t)
-	bin := buildFleetBinaries(t, dir)
-	ramdisk := buildRamdisk(t, dir)
-
-	image := filepath.Join(dir, "debian.img")
-	sizeMiB, err := DebianOS{Bcd: bin.Bcd, Cmdline: debianCmdline, Repo: repo, Log: testLog{t}}.Build(image)
-	if err != nil {
-		t.Fatal(err)
-	}
+	lab := newDebianLab(t, "ipmi_sim", "ipmitool")
+	kernel, began, dir, repo, bin, ramdisk, image, sizeMiB := lab.kernel, lab.began, lab.dir, lab.repo, lab.bin, lab.ramdisk, lab.image, lab.imageMiB
 	t.Logf("debian image: %d MiB (ready after %s)", sizeMiB, time.Since(began).Round(time.Second))
 
 	// The release the third machine installs: built and signed as an operator
@@ -168,17 +154,12 @@ func TestDebianFleet(t *testing.T) {
 		}
 	}
 	disk := filepath.Join(dir, "script1.img")
-	if out, err := exec.Command("cp", "--sparse=always", image, disk).CombinedOutput(); err != nil {
-		t.Fatalf("cp: %v: %s", err, out)
-	}
-	// A plain Debian: what the image adds for a deployed node goes, and the
-	// script, its token and the control plane's CA come.
-	if err := SeedDebianRoot(disk, []string{debianUnitWants, installscript.UnitPath, debianBcdPath},
-		[]string{"/etc/bcd-lab-install"}, []DebianSeed{
-			{Path: "/etc/bcd-lab-install/install-bcd.sh", Src: filepath.Join(seed, "install-bcd.sh"), Mode: 0o600},
-			{Path: "/etc/bcd-lab-install/join-token", Src: filepath.Join(seed, "join-token"), Mode: 0o600},
-			{Path: "/etc/bcd-lab-install/ca.crt", Src: f.ServingCACert(), Mode: 0o644},
-		}); err != nil {
+	// A plain Debian, and the script, its token and the control plane's CA.
+	if err := PlainDebianDisk(image, disk, []string{"/etc/bcd-lab-install"}, []DebianSeed{
+		{Path: "/etc/bcd-lab-install/install-bcd.sh", Src: filepath.Join(seed, "install-bcd.sh"), Mode: 0o600},
+		{Path: "/etc/bcd-lab-install/join-token", Src: filepath.Join(seed, "join-token"), Mode: 0o600},
+		{Path: "/etc/bcd-lab-install/ca.crt", Src: f.ServingCACert(), Mode: 0o644},
+	}); err != nil {
 		t.Fatal(err)
 	}
 	bootAt := time.Now()
@@ -222,6 +203,35 @@ func TestDebianFleet(t *testing.T) {
 	t.Logf("script1: node %s ready (bcd %s); boot → script start %s, script start → node ready %s",
 		scripted.ID, scripted.DaemonVersion, scriptAt.Sub(bootAt).Round(time.Second), scriptReady.Sub(scriptAt).Round(time.Second))
 	t.Logf("TestDebianFleet: %s in all", time.Since(began).Round(time.Second))
+}
+
+// debianLab is what every Debian test of the lab starts from: the tools it
+// needs, the binaries built from the tree, the ramdisk and the Debian image.
+type debianLab struct {
+	kernel, dir, repo, ramdisk, image string
+	bin                               FleetBinaries
+	imageMiB                          int
+	began                             time.Time
+}
+
+// newDebianLab checks for the lab's tools (and more), and builds what a
+// Debian test runs.
+func newDebianLab(t *testing.T, more ...string) debianLab {
+	t.Helper()
+	l := debianLab{kernel: needLab(t)}
+	for _, tool := range append([]string{"dnsmasq", "zstd", "socat", "sgdisk", "syslinux", "objcopy", "mcopy", "mkfs.vfat",
+		"mkfs.ext4", "debugfs", "e2fsck", "git"}, more...) {
+		testenv.NeedTool(t, tool)
+	}
+	l.began, l.dir, l.repo = time.Now(), t.TempDir(), repoRoot(t)
+	l.bin = buildFleetBinaries(t, l.dir)
+	l.ramdisk = buildRamdisk(t, l.dir)
+	l.image = filepath.Join(l.dir, "debian.img")
+	var err error
+	if l.imageMiB, err = (DebianOS{Bcd: l.bin.Bcd, Cmdline: debianCmdline, Repo: l.repo, Log: testLog{t}}).Build(l.image); err != nil {
+		t.Fatal(err)
+	}
+	return l
 }
 
 // buildDebianRelease builds and signs the release an install script installs, as

@@ -15,7 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/better-compute/bcd/internal/testenv"
+	"github.com/better-compute/bcd/agent/selfupdate"
+	"github.com/better-compute/bcd/controlplane/apitype"
 	"github.com/better-compute/bcd/nodeagent/installscript"
 	"github.com/better-compute/bcd/pki"
 	"github.com/better-compute/bcd/protocol"
@@ -101,46 +102,18 @@ StandardError=journal+console
 WantedBy=multi-user.target
 `
 
-// labUpdate is what bcd update -o json prints.
+// labUpdate is what bcd update -o json prints, and the line it came in.
 type labUpdate struct {
-	SlotsDir         string             `json:"slots_dir"`
-	Entrypoint       string             `json:"entrypoint"`
-	EntrypointTarget string             `json:"entrypoint_target"`
-	EntrypointLinked bool               `json:"entrypoint_linked"`
-	Current          string             `json:"current"`
-	Previous         string             `json:"previous"`
-	Slots            map[string]labSlot `json:"slots"`
-	Floor            int64              `json:"floor"`
-	Pending          json.RawMessage    `json:"pending"`
-	Failed           []labFailedVersion `json:"failed"`
-	raw              string
+	selfupdate.Status
+	raw string
 }
 
-type labSlot struct {
-	Version  string `json:"version"`
-	Sequence int64  `json:"sequence"`
-	SHA256   string `json:"sha256"`
-	Size     int64  `json:"size"`
-}
-
-type labFailedVersion struct {
-	Version string `json:"version"`
-	Reason  string `json:"reason"`
-	At      string `json:"at"`
-}
-
-// slot is the named slot (current or previous may say a, bcd-a or a path).
-func (u labUpdate) slot(name string) labSlot {
-	name = strings.TrimPrefix(filepath.Base(name), "bcd-")
-	return u.Slots[name]
-}
+// slot is the named slot's record ("a" or "b").
+func (u labUpdate) slot(name string) selfupdate.Slot { return u.Slots[name] }
 
 func (u labUpdate) currentVersion() string  { return u.slot(u.Current).Version }
 func (u labUpdate) previousVersion() string { return u.slot(u.Previous).Version }
-func (u labUpdate) pending() bool {
-	p := strings.TrimSpace(string(u.Pending))
-	return p != "" && p != "null"
-}
+func (u labUpdate) pending() bool           { return u.Pending != nil }
 func (u labUpdate) failed(version string) bool {
 	for _, f := range u.Failed {
 		if pki.SameVersion(f.Version, version) {
@@ -148,34 +121,6 @@ func (u labUpdate) failed(version string) bool {
 		}
 	}
 	return false
-}
-
-// labRollout is rollouts show -o json.
-type labRollout struct {
-	ID      string `json:"id"`
-	Version string `json:"version"`
-	State   string `json:"state"`
-	Reason  string `json:"reason"`
-	Nodes   []struct {
-		Node    string `json:"node"`
-		Pool    string `json:"pool"`
-		Wave    int    `json:"wave"`
-		State   string `json:"state"`
-		Reason  string `json:"reason"`
-		Message string `json:"message"`
-	} `json:"nodes"`
-	Timeline []struct {
-		At      string `json:"at"`
-		Message string `json:"message"`
-	} `json:"timeline"`
-}
-
-// labCommand is commands get -o json.
-type labCommand struct {
-	ID      string `json:"id"`
-	State   string `json:"state"`
-	Reason  string `json:"reason"`
-	Message string `json:"message"`
 }
 
 // labRelease is one signed release of the lab's, its bare linux/amd64
@@ -263,20 +208,8 @@ func parseUpdate(name, raw string) (labUpdate, error) {
 // --release-pins K1,K2); the machines pin only K1. See the steps below; the
 // machines' own view comes from a probe (probeScript) on their consoles.
 func TestDebianSelfUpdate(t *testing.T) {
-	kernel := needLab(t)
-	for _, tool := range []string{"dnsmasq", "zstd", "socat", "sgdisk", "syslinux", "objcopy", "mcopy", "mkfs.vfat",
-		"mkfs.ext4", "debugfs", "e2fsck", "git", "shellcheck"} {
-		testenv.NeedTool(t, tool)
-	}
-	began := time.Now()
-	dir := t.TempDir()
-	repo := repoRoot(t)
-	bin := buildFleetBinaries(t, dir)
-	ramdisk := buildRamdisk(t, dir)
-	image := filepath.Join(dir, "debian.img")
-	if _, err := (DebianOS{Bcd: bin.Bcd, Cmdline: debianCmdline, Repo: repo, Log: testLog{t}}).Build(image); err != nil {
-		t.Fatal(err)
-	}
+	lab := newDebianLab(t, "shellcheck")
+	kernel, began, dir, repo, bin, ramdisk, image := lab.kernel, lab.began, lab.dir, lab.repo, lab.bin, lab.ramdisk, lab.image
 	probe := filepath.Join(dir, "bcd-lab-probe")
 	if err := os.WriteFile(probe, []byte(probeScript), 0o755); err != nil {
 		t.Fatal(err)
@@ -402,21 +335,17 @@ func TestDebianSelfUpdate(t *testing.T) {
 			}
 		}
 		disk := filepath.Join(dir, m.name+".img")
-		if out, err := exec.Command("cp", "--sparse=always", image, disk).CombinedOutput(); err != nil {
-			t.Fatalf("cp: %v: %s", err, out)
-		}
-		// A plain Debian without bcd, the script and its token, and the probe.
-		if err := SeedDebianRoot(disk, []string{debianUnitWants, installscript.UnitPath, debianBcdPath},
-			[]string{"/etc/bcd-lab-install", "/etc/bcd-lab-probe"}, []DebianSeed{
-				{Path: "/etc/bcd-lab-install/install-bcd.sh", Src: filepath.Join(md, "install-bcd.sh"), Mode: 0o600},
-				{Path: "/etc/bcd-lab-install/join-token", Src: filepath.Join(md, "join-token"), Mode: 0o600},
-				{Path: "/etc/bcd-lab-install/ca.crt", Src: f.ServingCACert(), Mode: 0o644},
-				{Path: "/etc/bcd-lab-probe/name", Src: filepath.Join(md, "name"), Mode: 0o644},
-				{Path: "/etc/bcd-lab-probe/url", Src: filepath.Join(md, "url"), Mode: 0o644},
-				{Path: "/usr/local/sbin/bcd-lab-probe", Src: probe, Mode: 0o755},
-				{Path: "/etc/systemd/system/bcd-lab-probe.service", Src: filepath.Join(md, "unit"), Mode: 0o644},
-				{Path: "/etc/systemd/system/multi-user.target.wants/bcd-lab-probe.service", Link: "/etc/systemd/system/bcd-lab-probe.service"},
-			}); err != nil {
+		// A plain Debian, the script and its token, and the probe.
+		if err := PlainDebianDisk(image, disk, []string{"/etc/bcd-lab-install", "/etc/bcd-lab-probe"}, []DebianSeed{
+			{Path: "/etc/bcd-lab-install/install-bcd.sh", Src: filepath.Join(md, "install-bcd.sh"), Mode: 0o600},
+			{Path: "/etc/bcd-lab-install/join-token", Src: filepath.Join(md, "join-token"), Mode: 0o600},
+			{Path: "/etc/bcd-lab-install/ca.crt", Src: f.ServingCACert(), Mode: 0o644},
+			{Path: "/etc/bcd-lab-probe/name", Src: filepath.Join(md, "name"), Mode: 0o644},
+			{Path: "/etc/bcd-lab-probe/url", Src: filepath.Join(md, "url"), Mode: 0o644},
+			{Path: "/usr/local/sbin/bcd-lab-probe", Src: probe, Mode: 0o755},
+			{Path: "/etc/systemd/system/bcd-lab-probe.service", Src: filepath.Join(md, "unit"), Mode: 0o644},
+			{Path: "/etc/systemd/system/multi-user.target.wants/bcd-lab-probe.service", Link: "/etc/systemd/system/bcd-lab-probe.service"},
+		}); err != nil {
 			t.Fatal(err)
 		}
 		m.bootAt = time.Now()
@@ -559,7 +488,7 @@ func (s *updSteps) rollout() {
 	}
 	t.Logf("step 1: rollout %s of 0.1.1 (waves 50,100) succeeded in %s; both nodes on 0.1.1, floor 2", id, took.Round(time.Second))
 	for _, l := range ro.Timeline {
-		t.Logf("step 1: timeline %s %s", l.At, l.Message)
+		t.Logf("step 1: timeline %s %s", l.At.Format("15:04:05"), l.Message)
 	}
 }
 
@@ -608,7 +537,7 @@ func (s *updSteps) noWelcome() {
 	// A second rollout, of both nodes at once: x, which failed it, refuses
 	// it at once; y, which never tried it, swaps back by the deadline too.
 	id2 := s.createRollout("--version", "0.1.2", "--pool", "upd", "--waves", "100", "--max-unavailable", "2")
-	sec := s.waitSection(x, "ReleaseRefused UPDATE_FAILED_BEFORE", 10*time.Minute, func(sec FleetSection) bool {
+	sec := s.waitSection(x, "ReleaseRefused UPDATE_FAILED_BEFORE", 10*time.Minute, func(sec apitype.SectionStatus) bool {
 		return sec.State == "FAILED" && sec.Reason == "ReleaseRefused" && pki.SameVersion(sec.Version, "0.1.2")
 	})
 	if !strings.HasPrefix(sec.Message, "UPDATE_FAILED_BEFORE") {
@@ -632,7 +561,7 @@ func (s *updSteps) noWelcome() {
 	t.Logf("step 2: after --clear-failed %s takes 0.1.2 again (%s); it swaps back by the deadline while step 3 runs", x.name, s.retry)
 
 	// y's try ends the same way; then the rollout is over.
-	var yState labRollout
+	var yState apitype.Rollout
 	if err := waitFor(s.ctx, 10*time.Minute, func() bool {
 		ro, err := s.showRollout(id2)
 		yState = ro
@@ -851,8 +780,8 @@ func (s *updSteps) createRollout(args ...string) string {
 	return id
 }
 
-func (s *updSteps) showRollout(id string) (labRollout, error) {
-	var ro labRollout
+func (s *updSteps) showRollout(id string) (apitype.Rollout, error) {
+	var ro apitype.Rollout
 	out, err := s.f.BC("rollouts", "show", id, "-o", "json")
 	if err != nil {
 		return ro, err
@@ -865,9 +794,9 @@ func (s *updSteps) showRollout(id string) (labRollout, error) {
 
 // waitRollout waits for the rollout to reach state, failing early when it
 // reaches another final one.
-func (s *updSteps) waitRollout(id string, timeout time.Duration, state string) labRollout {
+func (s *updSteps) waitRollout(id string, timeout time.Duration, state string) apitype.Rollout {
 	s.t.Helper()
-	var ro labRollout
+	var ro apitype.Rollout
 	var err error
 	final := map[string]bool{"succeeded": true, "aborted": true, "paused": true}
 	werr := waitFor(s.ctx, timeout, func() bool {
@@ -893,9 +822,9 @@ func (s *updSteps) upgrade(m *updVM, args ...string) string {
 
 // waitCommand waits for the command to end (SUCCEEDED, FAILED or another
 // final state) and fails unless it is in state.
-func (s *updSteps) waitCommand(id string, timeout time.Duration, state string) labCommand {
+func (s *updSteps) waitCommand(id string, timeout time.Duration, state string) apitype.Command {
 	s.t.Helper()
-	var c labCommand
+	var c apitype.Command
 	err := waitFor(s.ctx, timeout, func() bool {
 		out, err := s.f.BC("commands", "get", id, "-o", "json")
 		if err != nil || json.Unmarshal([]byte(out), &c) != nil {
@@ -925,9 +854,9 @@ func (s *updSteps) nodeOf(m *updVM) FleetNode {
 }
 
 // waitSection waits until the node's daemon section report satisfies ok.
-func (s *updSteps) waitSection(m *updVM, what string, timeout time.Duration, ok func(FleetSection) bool) FleetSection {
+func (s *updSteps) waitSection(m *updVM, what string, timeout time.Duration, ok func(apitype.SectionStatus) bool) apitype.SectionStatus {
 	s.t.Helper()
-	var last FleetSection
+	var last apitype.SectionStatus
 	err := waitFor(s.ctx, timeout, func() bool {
 		nodes, _ := s.f.Nodes()
 		for _, n := range nodes {

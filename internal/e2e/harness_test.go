@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/better-compute/bcd/controlplane/apitype"
 )
 
 var (
@@ -213,12 +215,7 @@ type nodeRow struct {
 	// CertNotAfter is the node certificate's expiry as the store has it.
 	CertNotAfter time.Time `json:"cert_not_after"`
 	// DaemonSection is the node's last report on its daemon section.
-	DaemonSection *struct {
-		State   string `json:"state"`
-		Reason  string `json:"reason"`
-		Message string `json:"message"`
-		Version string `json:"version"`
-	} `json:"daemon_section"`
+	DaemonSection *apitype.SectionStatus `json:"daemon_section"`
 }
 
 func (cp *controlPlane) nodes() []nodeRow {

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/better-compute/bcd/agent/selfupdate"
+	"github.com/better-compute/bcd/controlplane/apitype"
 	"github.com/better-compute/bcd/pki"
 	"github.com/better-compute/bcd/protocol"
 )
@@ -145,58 +147,30 @@ func (n *updatingNode) update(t *testing.T) selfUpdateStatus {
 	t.Helper()
 	r := run(t, n.entry, nil, "", "update", "-o", "json", "--config", n.h.config)
 	var st selfUpdateStatus
-	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &st) != nil {
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &st.Status) != nil {
 		t.Fatalf("bcd update -o json: %s", r)
 	}
 	st.raw = r.stdout
 	return st
 }
 
-// selfUpdateStatus is the part of bcd update -o json these tests read.
+// selfUpdateStatus is bcd update -o json and its text.
 type selfUpdateStatus struct {
-	EntrypointLinked bool   `json:"entrypoint_linked"`
-	Current          string `json:"current"`
-	Previous         string `json:"previous"`
-	Slots            map[string]struct {
-		Version  string `json:"version"`
-		Sequence int64  `json:"sequence"`
-	} `json:"slots"`
-	Floor   int64           `json:"floor"`
-	Pending json.RawMessage `json:"pending"`
-	Failed  []struct {
-		Version string `json:"version"`
-	} `json:"failed"`
+	selfupdate.Status
 	raw string
 }
 
 func (s selfUpdateStatus) version(slot string) string { return s.Slots[slot].Version }
 
-// rolloutRow is rollouts show -o json.
-type rolloutRow struct {
-	ID     string `json:"id"`
-	State  string `json:"state"`
-	Reason string `json:"reason"`
-	Nodes  []struct {
-		Node      string `json:"node"`
-		Wave      int    `json:"wave"`
-		State     string `json:"state"`
-		Reason    string `json:"reason"`
-		CommandID string `json:"command_id"`
-	} `json:"nodes"`
-	Timeline []struct {
-		Message string `json:"message"`
-	} `json:"timeline"`
-}
-
 // rollout creates a rollout and waits for it to reach state.
-func (cp *controlPlane) rollout(t *testing.T, state string, timeout time.Duration, logs func() string, args ...string) rolloutRow {
+func (cp *controlPlane) rollout(t *testing.T, state string, timeout time.Duration, logs func() string, args ...string) apitype.Rollout {
 	t.Helper()
 	out := cp.mustBC(append([]string{"rollouts", "create"}, args...)...)
 	id, _, _ := strings.Cut(out, "\n")
 	if !strings.HasPrefix(id, "ro_") {
 		t.Fatalf("rollouts create printed %q, want ro_… on its first line", out)
 	}
-	var ro rolloutRow
+	var ro apitype.Rollout
 	deadline := time.Now().Add(timeout)
 	for {
 		if err := json.Unmarshal([]byte(cp.mustBC("rollouts", "show", id, "-o", "json")), &ro); err != nil {
@@ -262,7 +236,7 @@ func TestSelfUpdateRollout(t *testing.T) {
 			t.Errorf("node %s: %+v (section %+v), want connected on 0.1.1 with the daemon section SUCCEEDED", n.id, row, row.DaemonSection)
 		}
 		st := n.update(t)
-		if st.version(st.Current) != "0.1.1" || st.version(st.Previous) != "0.1.0" || st.Floor != 2 || !st.EntrypointLinked || string(st.Pending) != "null" {
+		if st.version(st.Current) != "0.1.1" || st.version(st.Previous) != "0.1.0" || st.Floor != 2 || !st.EntrypointLinked || st.Pending != nil {
 			t.Errorf("node %s: bcd update %s: want current 0.1.1, previous 0.1.0 (adopted), floor 2, the entrypoint linked", n.id, st.raw)
 		}
 		if target, err := os.Readlink(n.entry); err != nil || target != filepath.Join(n.h.dir, "slots", "current") {
@@ -336,10 +310,7 @@ func TestSelfUpdateUpgradeRequired(t *testing.T) {
 	if len(ro.Nodes) != 1 || ro.Nodes[0].CommandID == "" {
 		t.Fatalf("rollout %+v: want its one node sent a daemon.upgrade", ro)
 	}
-	var cmd struct {
-		Kind  string `json:"kind"`
-		State string `json:"state"`
-	}
+	var cmd apitype.Command
 	if err := json.Unmarshal([]byte(cp.mustBC("commands", "get", ro.Nodes[0].CommandID, "-o", "json")), &cmd); err != nil {
 		t.Fatal(err)
 	}
@@ -347,7 +318,7 @@ func TestSelfUpdateUpgradeRequired(t *testing.T) {
 		t.Errorf("command %s: %+v, want daemon.upgrade SUCCEEDED", ro.Nodes[0].CommandID, cmd)
 	}
 	row := cp.waitNode(n.id, 30*time.Second, "connected on 0.1.1", func(r nodeRow) bool { return r.Connected && r.DaemonVersion == "0.1.1" })
-	if st := n.update(t); st.version(st.Current) != "0.1.1" || st.Floor != 2 || string(st.Pending) != "null" {
+	if st := n.update(t); st.version(st.Current) != "0.1.1" || st.Floor != 2 || st.Pending != nil {
 		t.Errorf("bcd update %s: want 0.1.1 confirmed (floor 2, nothing pending)", st.raw)
 	}
 	sent := false
