@@ -53,10 +53,11 @@ while :; do
 	if [ -e /usr/local/bin/bcd ] && [ -f /etc/bcd/config.toml ]; then
 		if out=$(/usr/local/bin/bcd update -o json 2>&1); then
 			u=$(printf '%s' "$out" | tr -d '\r\n')
+			changed update "$u" && say "update: $u"
 		else
-			u="error: $(printf '%s' "$out" | tr '\r\n' '  ')"
+			u=$(printf '%s' "$out" | tr '\r\n' '  ')
+			changed update-error "$u" && say "update-error: $u"
 		fi
-		changed update "$u" && say "update: $u"
 	fi
 	if [ -L /usr/local/bin/bcd ]; then
 		e="link $(readlink /usr/local/bin/bcd)"
@@ -142,7 +143,7 @@ type updVM struct {
 }
 
 var (
-	probeLine   = regexp.MustCompile(`bcd-lab: (update|entrypoint|identity|bcd\.service|rollback): ([^\r\n]*)`)
+	probeLine   = regexp.MustCompile(`bcd-lab: (update|update-error|entrypoint|identity|bcd\.service|rollback): ([^\r\n]*)`)
 	identityRe  = regexp.MustCompile(`"node_id"\s*:\s*"(n_[a-z0-9]+)"`)
 	releaseIDRe = regexp.MustCompile(`\bro_[A-Za-z0-9]+`)
 	commandIDRe = regexp.MustCompile(`\bcmd_[A-Za-z0-9]+`)
@@ -251,9 +252,15 @@ func TestDebianSelfUpdate(t *testing.T) {
 		for _, m := range vms {
 			if m.vm != nil {
 				s.WriteString(m.vm.Tail(80))
-				for _, kind := range []string{"update", "entrypoint", "bcd.service", "rollback"} {
-					fmt.Fprintf(&s, "--- %s: last probe %s: %s\n", m.name, kind, m.last(kind))
+				// The lab's own lines, the whole story of the machine, and
+				// its boots.
+				serial, _ := os.ReadFile(m.vm.Serial)
+				lines := regexp.MustCompile(`bcd-lab: [^\r\n]*`).FindAllString(stripKernelMessages(string(serial)), -1)
+				if len(lines) > 150 {
+					lines = lines[len(lines)-150:]
 				}
+				fmt.Fprintf(&s, "--- %s: %d boot(s); its last %d bcd-lab lines:\n%s\n", m.name,
+					strings.Count(string(serial), "Linux version "), len(lines), strings.Join(lines, "\n"))
 			}
 		}
 		s.WriteString(f.Diagnostics())
