@@ -103,7 +103,7 @@ func OptionsFor(c *config.Config, configPath string) Options {
 	_, err := os.Stat("/run/systemd/system")
 	return Options{
 		Pins:        u.ReleasePins,
-		Threshold:   int(u.ReleaseThreshold),
+		Threshold:   max(int(u.ReleaseThreshold), 1),
 		ConfigFloor: u.ReleaseSequence,
 		SlotsDir:    c.SlotsDir(),
 		RecordsDir:  RecordsDirFor(c),

@@ -2,8 +2,6 @@ package selfupdate
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -44,7 +42,9 @@ type Plan struct {
 // nil error when sec names the running version: nothing to do. Every reason
 // not to take the release is a *Refusal; nothing on the host changes but the
 // staging file. serverNow is the server's clock (the Welcome's server_time);
-// zero checks the expiry on the host clock only.
+// zero checks the expiry on the host clock only. Prepare does not hold the
+// host's update lock (a download may take minutes, and bcd update --rollback
+// must not wait on it); Swap checks the records again under the lock.
 func (m *Manager) Prepare(ctx context.Context, sec protocol.DaemonSection, serverNow time.Time) (*Plan, error) {
 	if len(m.o.Pins) == 0 {
 		return nil, refuse(CodeNoReleasePins, "[update] release_pins is empty: bcd takes no binary without pinned release keys")
@@ -192,46 +192,30 @@ func (m *Manager) download(ctx context.Context, rawURL string, p *Plan) error {
 	if resp.ContentLength >= 0 && resp.ContentLength != p.size {
 		return refuse(CodeSizeMismatch, "%s: Content-Length %d, the manifest says %d bytes", human.ShortN(rawURL, 200), resp.ContentLength, p.size)
 	}
-	f, err := os.CreateTemp(dir, "."+p.staged+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("selfupdate: %w", err)
-	}
-	tmp := f.Name()
-	ok := false
-	defer func() {
-		if !ok {
-			f.Close()
-			os.Remove(tmp)
-		}
-	}()
-	h := sha256.New()
 	body := &idleReader{r: resp.Body, watchdog: watchdog, idle: idle}
-	n, err := io.Copy(io.MultiWriter(f, h), io.LimitReader(body, p.size+1))
+	c, err := copyToTemp(dir, p.staged, body, p.size)
 	// A body cut off by the watchdog may read as a short one: the cause
 	// says which it was.
 	if err != nil || context.Cause(ctx) != nil {
+		if c != nil {
+			c.abort()
+		}
 		return fail(err)
 	}
-	if n > p.size {
+	switch {
+	case c.n > p.size:
+		c.abort()
 		return refuse(CodeSizeMismatch, "%s: more than the manifest's %d bytes", human.ShortN(rawURL, 200), p.size)
+	case c.n < p.size:
+		c.abort()
+		return refuse(CodeSizeMismatch, "%s: %d bytes, the manifest says %d", human.ShortN(rawURL, 200), c.n, p.size)
+	case c.sha256 != p.sha256:
+		c.abort()
+		return refuse(CodeDigestMismatch, "%s: sha256 %s, the manifest says %s", human.ShortN(rawURL, 200), c.sha256, p.sha256)
 	}
-	if n < p.size {
-		return refuse(CodeSizeMismatch, "%s: %d bytes, the manifest says %d", human.ShortN(rawURL, 200), n, p.size)
-	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != p.sha256 {
-		return refuse(CodeDigestMismatch, "%s: sha256 %s, the manifest says %s", human.ShortN(rawURL, 200), got, p.sha256)
-	}
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("selfupdate: %w", err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("selfupdate: %w", err)
-	}
-	if err := os.Rename(tmp, filepath.Join(dir, p.staged)); err != nil {
-		return fmt.Errorf("selfupdate: %w", err)
-	}
-	ok = true
-	return syncDir(dir)
+	// The staged file is read back only by Swap, as root or by the helper:
+	// 0600 in the 0700 staging directory.
+	return c.commit(p.staged, 0o600)
 }
 
 // idleReader restarts the watchdog whenever bytes arrive.

@@ -60,13 +60,9 @@ func (m *Manager) Resume() (Outcome, error) {
 		return Outcome{}, err
 	}
 	defer unlock()
-	up, ok, err := m.readUpgrade()
+	up, current, ok, err := m.pending()
 	if err != nil || !ok {
 		return Outcome{State: None}, err
-	}
-	current, err := m.linkedSlot(CurrentLink)
-	if err != nil {
-		return Outcome{}, err
 	}
 	if up.SwappedBack == nil && current == up.ToSlot {
 		msg := fmt.Sprintf("bcd %s awaits its first Welcome until %s", up.Version, up.Deadline.UTC().Format(time.RFC3339))
@@ -80,6 +76,20 @@ func (m *Manager) Resume() (Outcome, error) {
 		return outcomeOf(Pending, up, msg), nil
 	}
 	return m.recordFailed(up)
+}
+
+// pending reads upgrade.json and the slot current points at; ok is false
+// when no update is under way.
+func (m *Manager) pending() (up upgradeRecord, current string, ok bool, err error) {
+	up, ok, err = m.readUpgrade()
+	if err != nil || !ok {
+		return upgradeRecord{}, "", false, err
+	}
+	current, err = m.linkedSlot(CurrentLink)
+	if err != nil {
+		return upgradeRecord{}, "", false, err
+	}
+	return up, current, true, nil
 }
 
 // recordFailed moves a swapped-back update from upgrade.json to update.json's
@@ -120,13 +130,9 @@ func (m *Manager) Confirm() (Outcome, error) {
 		return Outcome{}, err
 	}
 	defer unlock()
-	up, ok, err := m.readUpgrade()
+	up, current, ok, err := m.pending()
 	if err != nil || !ok {
 		return Outcome{State: None}, err
-	}
-	current, err := m.linkedSlot(CurrentLink)
-	if err != nil {
-		return Outcome{}, err
 	}
 	if up.SwappedBack != nil || current != up.ToSlot {
 		return Outcome{}, fmt.Errorf("selfupdate: cannot confirm bcd %s: it was swapped back", up.Version)
@@ -199,12 +205,8 @@ func (m *Manager) Rollback() (bool, error) {
 		return false, err
 	}
 	defer unlock()
-	up, ok, err := m.readUpgrade()
+	up, current, ok, err := m.pending()
 	if err != nil || !ok {
-		return false, err
-	}
-	current, err := m.linkedSlot(CurrentLink)
-	if err != nil {
 		return false, err
 	}
 	if current != up.ToSlot {

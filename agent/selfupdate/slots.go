@@ -80,51 +80,25 @@ func (m *Manager) link(name, slot string) error {
 // renamed over the slot, so a slot holds a whole binary or its old one.
 // It returns the size and digest written.
 func (m *Manager) writeSlot(src io.Reader, slot string, size int64, want string) (Slot, error) {
-	f, err := os.CreateTemp(m.o.SlotsDir, "."+SlotFile(slot)+".tmp-*")
-	if err != nil {
-		return Slot{}, fmt.Errorf("selfupdate: %w", err)
-	}
-	tmp := f.Name()
-	ok := false
-	defer func() {
-		if !ok {
-			f.Close()
-			os.Remove(tmp)
-		}
-	}()
-	h := sha256.New()
-	// size+1: one byte more than promised is caught, not cut off.
-	n, err := io.Copy(io.MultiWriter(f, h), io.LimitReader(src, size+1))
+	c, err := copyToTemp(m.o.SlotsDir, SlotFile(slot), src, size)
 	if err != nil {
 		return Slot{}, fmt.Errorf("selfupdate: write slot %s: %w", SlotFile(slot), err)
 	}
-	if n > size {
+	switch {
+	case c.n > size:
+		c.abort()
 		return Slot{}, refuse(CodeSizeMismatch, "writing slot %s: more than %d bytes", SlotFile(slot), size)
+	case c.n < size:
+		c.abort()
+		return Slot{}, refuse(CodeSizeMismatch, "writing slot %s: %d bytes, want %d", SlotFile(slot), c.n, size)
+	case want != "" && c.sha256 != want:
+		c.abort()
+		return Slot{}, refuse(CodeDigestMismatch, "writing slot %s: sha256 %s, want %s", SlotFile(slot), c.sha256, want)
 	}
-	if n < size {
-		return Slot{}, refuse(CodeSizeMismatch, "writing slot %s: %d bytes, want %d", SlotFile(slot), n, size)
-	}
-	got := hex.EncodeToString(h.Sum(nil))
-	if want != "" && got != want {
-		return Slot{}, refuse(CodeDigestMismatch, "writing slot %s: sha256 %s, want %s", SlotFile(slot), got, want)
-	}
-	if err := f.Chmod(binaryMode); err != nil {
-		return Slot{}, fmt.Errorf("selfupdate: %w", err)
-	}
-	if err := f.Sync(); err != nil {
-		return Slot{}, fmt.Errorf("selfupdate: %w", err)
-	}
-	if err := f.Close(); err != nil {
-		return Slot{}, fmt.Errorf("selfupdate: %w", err)
-	}
-	if err := os.Rename(tmp, filepath.Join(m.o.SlotsDir, SlotFile(slot))); err != nil {
-		return Slot{}, fmt.Errorf("selfupdate: %w", err)
-	}
-	ok = true
-	if err := syncDir(m.o.SlotsDir); err != nil {
+	if err := c.commit(SlotFile(slot), binaryMode); err != nil {
 		return Slot{}, err
 	}
-	return Slot{SHA256: got, Size: n}, nil
+	return Slot{SHA256: c.sha256, Size: c.n}, nil
 }
 
 // hashSlot re-reads a slot, for taking the other slot's binary without a
