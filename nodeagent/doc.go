@@ -6,8 +6,13 @@
 // it opens no TCP port), and keeps the agent session to the gateway, running the
 // node's command kinds: node.reboot (reported RUNNING, recorded in the journal with
 // the boot id, then SUCCEEDED from the next boot, or FAILED "the node did not reboot"
-// when the boot id did not change). Every other kind is answered UNSUPPORTED.
+// when the boot id did not change) and daemon.upgrade, and applies the daemon
+// section of its spec: both are self-update (agent/daemonupdate), after which Run
+// closes everything and returns daemonupdate.ErrExec for cmd/bcd to exec the
+// entrypoint. Every other kind is answered UNSUPPORTED.
 //
-// bcd doctor runs a list of checks together (config, identity, gateway) and reports
-// each by name on its own line.
+// bcd doctor runs a list of checks together (config, identity, tpm, gateway,
+// update) and reports each by name on its own line. bcd update's table
+// (WriteUpdateStatus) and the Manager both commands read the slots with
+// (UpdateManager) are here too.
 package nodeagent

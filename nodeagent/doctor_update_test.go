@@ -135,3 +135,41 @@ func TestDoctorUpdate(t *testing.T) {
 		})
 	}
 }
+
+// TestWriteUpdateStatus: bcd update's table of an updated host, a pending
+// update and a failed version.
+func TestWriteUpdateStatus(t *testing.T) {
+	h := newUpdateHost(t, true)
+	h.adopted(t)
+	deadline := "2026-03-01T12:02:00Z"
+	h.write(t, filepath.Join(h.data, "upgrade.json"), `{"version":"0.1.2","sequence":22,"from_slot":"b","to_slot":"a","from_version":"0.1.1","deadline":"`+deadline+`","command_id":"cmd_1","revision":0,"started":"`+deadline+`"}`, 0o600)
+	h.write(t, filepath.Join(h.data, "update.json"), `{"floor":21,"failed":[{"version":"0.1.0","reason":"bcd 0.1.0 did not start","at":"`+deadline+`"}]}`, 0o600)
+	cfg, err := config.Load(h.cfgPath, config.ParseOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := UpdateManager(cfg, h.cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := m.Status()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	if err := WriteUpdateStatus(&b, st); err != nil {
+		t.Fatal(err)
+	}
+	out := strings.Join(strings.Fields(b.String()), " ")
+	for _, want := range []string{
+		h.entry + " links to " + filepath.Join(h.slots, "current"),
+		"release floor: 21",
+		"SLOT VERSION SEQUENCE SIZE SHA256 LINKS bcd-a 0.1.0 20 1 B abababababababab… previous bcd-b 0.1.1 21 1 B abababababababab… current",
+		"pending update: bcd 0.1.2 (sequence 22) in bcd-a, awaiting its first Welcome until " + deadline + " (daemon.upgrade cmd_1)",
+		"failed versions: 0.1.0 at " + deadline + ": bcd 0.1.0 did not start bcd update --clear-failed allows them again",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, b.String())
+		}
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/better-compute/bcd/agent/daemonupdate"
 	"github.com/better-compute/bcd/agent/journal"
 	"github.com/better-compute/bcd/agent/nodekey"
+	"github.com/better-compute/bcd/agent/selfupdate"
 	"github.com/better-compute/bcd/config"
 	"github.com/better-compute/bcd/protocol"
 )
@@ -27,6 +28,9 @@ type Node struct {
 	// ConfigPath is where Config was read from, for the self-update rollback
 	// unit; empty is config.DefaultPath.
 	ConfigPath string
+	// UpdateOptions, if set, changes the self-update options before the
+	// Manager is made (tests: no systemd units, short deadlines).
+	UpdateOptions func(*selfupdate.Options)
 	// Logger receives the agent's log; nil discards it.
 	Logger *slog.Logger
 	// Rebooter restarts the machine for node.reboot; nil is SystemRebooter.
@@ -161,7 +165,7 @@ func (n *Node) Run(ctx context.Context) error {
 	if cfgPath == "" {
 		cfgPath = config.DefaultPath
 	}
-	n.updater = daemonupdate.ForConfig(c, cfgPath, n.log)
+	n.updater = daemonupdate.ForConfig(c, cfgPath, n.log, n.UpdateOptions)
 	claimsFn := n.Claims
 	if claimsFn == nil {
 		claimsFn = agent.ClaimsSource{}.Collect

@@ -170,12 +170,33 @@ func TestRebootErrorIsFailed(t *testing.T) {
 	var got statuses
 	f.g.OnSession = func(ctx context.Context, c *agenttest.Conn) {
 		c.Send(ctx, protocol.FrameCommand, protocol.Command{ID: "cmd_reboot", Kind: protocol.KindNodeReboot})
-		c.Send(ctx, protocol.FrameCommand, protocol.Command{ID: "cmd_upgrade", Kind: protocol.KindDaemonUpgrade})
+		c.Send(ctx, protocol.FrameCommand, protocol.Command{ID: "cmd_power", Kind: protocol.KindBMCPower})
 		agenttest.AckAll(ctx, c, got.record)
 	}
 	f.start(t, "boot-1", RebooterFunc(func() error { return os.ErrPermission }))
 	waitFor(t, "FAILED", func() bool { return got.find("cmd_reboot", protocol.StateFailed) != nil })
-	waitFor(t, "UNSUPPORTED daemon.upgrade", func() bool { return got.find("cmd_upgrade", protocol.StateUnsupported) != nil })
+	waitFor(t, "UNSUPPORTED bmc.power", func() bool { return got.find("cmd_power", protocol.StateUnsupported) != nil })
+}
+
+// TestDaemonUpgradeWithoutReleasePins: bcd node runs daemon.upgrade, and
+// without [update] release_pins refuses every release before anything else.
+func TestDaemonUpgradeWithoutReleasePins(t *testing.T) {
+	f := newNodeFixture(t, protocol.RoleNode)
+	var got statuses
+	params, _ := json.Marshal(protocol.DaemonSection{Version: "9.9.9", URL: "https://127.0.0.1:1/bcd", SHA256: strings.Repeat("a", 64), Signature: "{}"})
+	f.g.OnSession = func(ctx context.Context, c *agenttest.Conn) {
+		c.Send(ctx, protocol.FrameCommand, protocol.Command{ID: "cmd_upgrade", Kind: protocol.KindDaemonUpgrade, Params: params})
+		agenttest.AckAll(ctx, c, got.record)
+	}
+	f.start(t, "boot-1", nil)
+	waitFor(t, "FAILED daemon.upgrade", func() bool { return got.find("cmd_upgrade", protocol.StateFailed) != nil })
+	st := got.find("cmd_upgrade", protocol.StateFailed)
+	if st.Reason != protocol.CommandReasonReleaseRefused || !strings.HasPrefix(st.Message, "NO_RELEASE_PINS: ") {
+		t.Errorf("status = %+v, want release-refused NO_RELEASE_PINS", st)
+	}
+	if got.find("cmd_upgrade", protocol.StateRunning) == nil {
+		t.Error("no RUNNING before the refusal")
+	}
 }
 
 func TestNodeRefusesAnotherRole(t *testing.T) {

@@ -30,7 +30,7 @@ func UpdateManager(c *config.Config, path string) (*selfupdate.Manager, error) {
 // slots, the release floor, a pending update and the failed versions.
 func WriteUpdateStatus(w io.Writer, st selfupdate.Status) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	entry := "a plain file (not adopted: the slots are unused)"
+	entry := "is a plain file (not adopted: the slots are unused)"
 	switch {
 	case st.EntrypointLinked:
 		entry = "links to " + st.EntrypointTarget

@@ -42,6 +42,11 @@
 // within 15 minutes, else to the one the kernel's neighbour table (/proc/net/arp)
 // holds for the address, and not reported otherwise.
 //
+// Like bcd node it updates itself (agent/daemonupdate) from the daemon section or
+// daemon.upgrade; before the exec Run closes the boot servers' sockets, the
+// plugins, the status socket and the journal, so the new binary can bind and
+// open them, and returns daemonupdate.ErrExec.
+//
 // Like bcd node it answers a JSON status on its unix socket (socket_path, 0600,
 // GET /v1/status): the session, the spec revision, the boot table's and BMC hosts'
 // sizes, the servers' addresses and the machine.booted events not sent.

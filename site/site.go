@@ -16,6 +16,7 @@ import (
 	"github.com/better-compute/bcd/agent/daemonupdate"
 	"github.com/better-compute/bcd/agent/journal"
 	"github.com/better-compute/bcd/agent/nodekey"
+	"github.com/better-compute/bcd/agent/selfupdate"
 	"github.com/better-compute/bcd/bmc"
 	"github.com/better-compute/bcd/boot"
 	"github.com/better-compute/bcd/config"
@@ -29,6 +30,9 @@ type Site struct {
 	// ConfigPath is where Config was read from, for the self-update rollback
 	// unit; empty is config.DefaultPath.
 	ConfigPath string
+	// UpdateOptions, if set, changes the self-update options before the
+	// Manager is made (tests: no systemd units, short deadlines).
+	UpdateOptions func(*selfupdate.Options)
 	// Keys loads and makes the node key; nil is agent.PKCS8Keys.
 	Keys agent.KeyStore
 	// RenewHook, if set, is the certificate Renewer's Hook (tests).
@@ -204,7 +208,7 @@ func (s *Site) Run(ctx context.Context) error {
 	if cfgPath == "" {
 		cfgPath = config.DefaultPath
 	}
-	s.updater = daemonupdate.ForConfig(c, cfgPath, s.log)
+	s.updater = daemonupdate.ForConfig(c, cfgPath, s.log, s.UpdateOptions)
 	s.renewer = &agent.Renewer{
 		DataDir: s.dataDir, Keys: s.Keys, Identity: id,
 		GatewayURL: c.GatewayURL, ServerName: serverName, ServingCAPin: c.ServingCASPKIPin, JoinSigningPin: c.JoinSigningKeyPin,

@@ -27,8 +27,8 @@ var ErrExec = errors.New("self-update swapped the binary: exec the entrypoint")
 // ReasonUpdated is the reason of a daemon.upgrade's SUCCEEDED.
 const ReasonUpdated = "Updated"
 
-// flushWait is how long daemon.upgrade waits for the gateway to acknowledge
-// RUNNING before the exec; the journal replays it after the Welcome either way.
+// flushWait is how long an update waits for the gateway to acknowledge RUNNING
+// before the swap.
 const flushWait = 2 * time.Second
 
 // OptionsFor is selfupdate.OptionsFor for a daemon: the download client (the
@@ -61,10 +61,16 @@ func OptionsFor(c *config.Config, configPath string, log *slog.Logger) (selfupda
 // ForConfig is New(OptionsFor(c, configPath, log)): the updater bcd node and
 // bcd site run. An [update] it cannot work with does not stop the daemon: every
 // release is then refused with the reason.
-func ForConfig(c *config.Config, configPath string, log *slog.Logger) *Updater {
+// Each edit, if any, changes the options first (a test's temp unit directory).
+func ForConfig(c *config.Config, configPath string, log *slog.Logger, edit ...func(*selfupdate.Options)) *Updater {
 	o, err := OptionsFor(c, configPath, log)
 	if err != nil {
 		return disabled(err, o.Running, log)
+	}
+	for _, e := range edit {
+		if e != nil {
+			e(&o)
+		}
 	}
 	return New(o)
 }
@@ -360,15 +366,15 @@ func (u *Updater) update(sec protocol.DaemonSection, commandID string, revision 
 	if plan == nil {
 		return errNothingToDo
 	}
+	// RUNNING reaches the gateway now if it can, before the deadline starts
+	// counting; the journal replays it after the Welcome either way.
+	fctx, cancel := context.WithTimeout(u.ctx, flushWait)
+	_ = u.session.Flush(fctx)
+	cancel()
 	if err := u.m.Swap(u.ctx, plan, commandID, revision); err != nil {
 		return err
 	}
 	u.log.Warn("self-update: swapped; closing everything to exec the new binary", "from", u.running, "to", plan.Version, "sequence", plan.Sequence)
-	if commandID != "" {
-		fctx, cancel := context.WithTimeout(u.ctx, flushWait)
-		_ = u.session.Flush(fctx)
-		cancel()
-	}
 	u.requestExec()
 	return nil
 }

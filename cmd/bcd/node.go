@@ -27,9 +27,10 @@ func newNodeCmd() *cobra.Command {
 		Use:   "node",
 		Short: "Run the node agent: the gateway session, the journal and the status socket",
 		Long: `bcd node runs on an installed server after bcd join. It opens no TCP listener:
-it keeps an outbound session to the gateway, runs the node's commands (node.reboot),
-keeps unacknowledged statuses in its journal, and answers a JSON status on its unix
-socket (socket_path, GET /v1/status).`,
+it keeps an outbound session to the gateway, runs the node's commands (node.reboot,
+daemon.upgrade), updates itself to a signed release the daemon section names (see
+bcd update), keeps unacknowledged statuses in its journal, and answers a JSON status
+on its unix socket (socket_path, GET /v1/status).`,
 		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if labfault.Crash {

@@ -1,338 +1,364 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/better-compute/bcd/agent/agenttest"
+	"github.com/better-compute/bcd/agent/daemonupdate/updatetest"
 	"github.com/better-compute/bcd/agent/selfupdate"
-	"github.com/better-compute/bcd/controlplane/apitype"
-	"github.com/better-compute/bcd/pki"
 	"github.com/better-compute/bcd/protocol"
 )
 
-// Self-update end to end on loopback (spec "Self-update", "From v0.4:
-// rollouts and self-update"): fakehw bcd node processes whose [update]
-// slots_dir and entrypoint are in temp dirs, a real better-compute serve
-// with --release-pins serving the releases' bare binaries from its https
-// downloads route, and the real exec of the new binary. fakehw builds never
-// write systemd units, and they honour BCD_TEST_UPDATE_DEADLINE, so the
-// deadline of an update that never confirms is seconds, not 120.
-
-// fakeRelease is a fakehw bcd of one version, signed as a release.
-type fakeRelease struct {
-	version  string
-	bin      string // the bare binary
-	manifest string
-}
-
-// fakeBuilds are the builds fakehwVersion made: "version tags" → *fakeBuild.
-var fakeBuilds sync.Map
-
-type fakeBuild struct {
-	once sync.Once
-	bin  string
-	err  error
-}
-
-// fakehwVersion builds bcd with the fakehw tag (and tags) as version, once
-// per test binary.
-func fakehwVersion(t *testing.T, version, tags string) string {
-	t.Helper()
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	v, _ := fakeBuilds.LoadOrStore(version+" "+tags, &fakeBuild{})
-	b := v.(*fakeBuild)
-	b.once.Do(func() {
-		b.bin = filepath.Join(binDir, "bcd-fakehw-"+version)
-		all := "fakehw"
-		if tags != "" {
-			all += "," + tags
+// TestSelfUpdateRealExec runs real fakehw builds of bcd node against the fake
+// gateway (agent/agenttest, in this process), with release binaries signed
+// under a pinned release key and served over HTTPS under the control plane's
+// serving CA on 127.0.0.1, and an entrypoint and slots in a temp dir:
+//
+//  1. a daemon section takes 0.1.0 to 0.1.1 by a real exec (same PID), which
+//     confirms on its Welcome: SUCCEEDED, floor up, entrypoint → current → bcd-b;
+//  2. a labfault_nowelcome 0.1.2 never dials, so its deadline swaps back to
+//     0.1.1, which reports FAILED UpdateFailed and refuses 0.1.2 again
+//     (ReleaseRefused) until bcd update --clear-failed;
+//  3. daemon.upgrade takes 0.1.1 to 0.1.3: RUNNING from the old process,
+//     SUCCEEDED from the new one.
+//
+// A labfault_crash build (0.1.4) is only checked to exit 1 at once: the crash
+// loop's rollback needs systemd (the Debian lab).
+func TestSelfUpdateRealExec(t *testing.T) {
+	start := time.Now()
+	bins := buildReleases(t, map[string]string{"0.1.0": "fakehw", "0.1.1": "fakehw", "0.1.2": "fakehw,labfault_nowelcome", "0.1.3": "fakehw",
+		"0.1.4": "fakehw,labfault_crash"})
+	t.Logf("built five releases in %s", time.Since(start).Round(time.Millisecond))
+	// The crash-loop build exits 1 before it reads anything, for systemd to
+	// restart until bcd-rollback.service restores the previous slot.
+	for _, mode := range []string{"node", "site"} {
+		if r := run(t, bins["0.1.4"], nil, "", mode, "--config", "/nonexistent"); r.code != 1 || !strings.Contains(r.stderr, "labfault_crash build: exiting at once") {
+			t.Errorf("labfault_crash bcd %s: %s", mode, r)
 		}
-		cmd := exec.Command("go", "build", "-tags="+all, "-ldflags", "-X github.com/better-compute/bcd/internal/version.Version="+version, "-o", b.bin, "../../cmd/bcd")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			b.err = fmt.Errorf("go build -tags %s bcd %s: %v\n%s", all, version, err, out)
-		}
-	})
-	if b.err != nil {
-		t.Fatal(b.err)
 	}
-	return b.bin
-}
 
-// releaseKey makes a release signing key and returns its path and pin.
-func releaseKey(t *testing.T) (string, string) {
-	t.Helper()
-	key := filepath.Join(t.TempDir(), "release.key")
-	out, err := exec.Command(bcBin, "release", "keygen", "--out", key).Output()
-	if err != nil {
-		t.Fatalf("release keygen: %v", err)
-	}
-	return key, strings.TrimSpace(string(out))
-}
-
-// signRelease puts bin as version's bare binary for this platform into its
-// own release directory and into downloads (serve's --downloads-dir), and
-// signs the release with key at seq.
-func signRelease(t *testing.T, downloads, key, bin, version string, seq int) fakeRelease {
-	t.Helper()
-	dist := filepath.Join(t.TempDir(), "dist-"+version)
-	name := pki.BinaryName("bcd", version, "linux", runtime.GOARCH)
-	for _, dst := range []string{filepath.Join(dist, name), filepath.Join(downloads, name)} {
-		os.MkdirAll(filepath.Dir(dst), 0o755)
-		data, err := os.ReadFile(bin)
+	gw := newUpdateGateway(t)
+	rel := updatetest.New(t, gw.g.API)
+	sections := map[string]protocol.DaemonSection{}
+	for i, v := range []string{"0.1.1", "0.1.2", "0.1.3"} {
+		body, err := os.ReadFile(bins[v])
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(dst, data, 0o755); err != nil {
-			t.Fatal(err)
+		sections[v] = rel.Section(t, v, int64(11+i), body)
+	}
+
+	// The host: the install script's 0.1.0 at the entrypoint, joined.
+	dir := t.TempDir()
+	data := filepath.Join(dir, "var/lib/bcd")
+	slots := filepath.Join(data, "bin")
+	entry := filepath.Join(dir, "usr/local/bin/bcd")
+	if err := os.MkdirAll(filepath.Dir(entry), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	copyFile(t, bins["0.1.0"], entry)
+	gw.g.Identity(t, data, protocol.RoleNode, "node_a")
+	cfg := gw.g.WriteConfig(t, dir, data)
+	appendFile(t, cfg, fmt.Sprintf("\n[update]\nrelease_pins = %q\nrelease_sequence = 10\nentrypoint = %q\n", rel.Pin, entry))
+
+	// The test hooks of a fakehw build, which the exec passes on.
+	p := startAgentBin(t, entry, []string{"BCD_TEST_UPDATE_DEADLINE=5s", "BCD_TEST_PROTOCOL_VERSION=7"}, "node", "--config", cfg)
+	pid := p.cmd.Process.Pid
+	fail := func(format string, args ...any) {
+		t.Helper()
+		t.Fatalf(format+"\nfrom %d frames; bcd node's log:\n%s", append(args, len(gw.all()), p.log)...)
+	}
+	gw.fail = fail
+	exe := func(want string) {
+		t.Helper()
+		select {
+		case <-p.done:
+			fail("bcd node (pid %d) exited", pid)
+		default:
+		}
+		got, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+		if err != nil || got != filepath.Join(slots, want) {
+			fail("pid %d runs %q (%v), want %s", pid, got, err, filepath.Join(slots, want))
 		}
 	}
-	if out, err := exec.Command(bcBin, "release", "sign", "--product", "bcd", "--version", version, "--sequence", fmt.Sprint(seq),
-		"--expires", "2h", "--key", key, dist).CombinedOutput(); err != nil {
-		t.Fatalf("release sign %s: %v\n%s", version, err, out)
+	status := func() selfupdate.Status {
+		t.Helper()
+		r := run(t, bins["0.1.0"], nil, "", "update", "--config", cfg, "-o", "json")
+		var st selfupdate.Status
+		if r.code != 0 || json.Unmarshal([]byte(r.stdout), &st) != nil {
+			fail("bcd update -o json: %s", r)
+		}
+		return st
 	}
-	return fakeRelease{version: version, bin: filepath.Join(dist, name), manifest: filepath.Join(dist, pki.ManifestFile)}
+	gw.waitHello("0.1.0", 1)
+
+	// 1. The daemon section: 0.1.0 → 0.1.1 by exec, confirmed on its Welcome.
+	step := time.Now()
+	gw.push(1, sections["0.1.1"])
+	gw.waitSection(1, protocol.SectionRunning, "0.1.1")
+	gw.waitHello("0.1.1", 1)
+	if st := gw.waitSection(1, protocol.SectionSucceeded, "0.1.1"); !strings.Contains(st.Message, "confirmed; the release floor is 11") {
+		fail("SUCCEEDED says %q", st.Message)
+	}
+	exe("bcd-b")
+	st := status()
+	if st.Floor != 11 || st.Current != "b" || st.Previous != "a" || !st.EntrypointLinked || st.Pending != nil ||
+		st.Slots["a"].Version != "0.1.0" || st.Slots["b"].Version != "0.1.1" || st.Slots["b"].Sequence != 11 {
+		fail("after the update, bcd update says %+v", st)
+	}
+	if target, _ := os.Readlink(entry); target != filepath.Join(slots, selfupdate.CurrentLink) {
+		fail("the entrypoint links to %q", target)
+	}
+	t.Logf("0.1.0 → 0.1.1 by the daemon section in %s", time.Since(step).Round(time.Millisecond))
+
+	// 2. A build that never reaches its Welcome: swapped back by the deadline.
+	step = time.Now()
+	gw.push(2, sections["0.1.2"])
+	gw.waitSection(2, protocol.SectionRunning, "0.1.2")
+	gw.waitHello("0.1.1", 2)
+	if st := gw.waitSection(2, protocol.SectionFailed, "0.1.2"); st.Reason != protocol.ReasonUpdateFailed || !strings.HasPrefix(st.Message, "bcd 0.1.2 did not start") {
+		fail("the swap back reported %+v", st)
+	}
+	if n := gw.hellos("0.1.2"); n != 0 {
+		fail("the labfault_nowelcome build said Hello %d times", n)
+	}
+	exe("bcd-b")
+	if st := status(); len(st.Failed) != 1 || st.Failed[0].Version != "0.1.2" || st.Current != "b" || st.Pending != nil {
+		fail("after the swap back, bcd update says %+v", st)
+	}
+	t.Logf("0.1.2 swapped back by its deadline in %s", time.Since(step).Round(time.Millisecond))
+
+	// ... and refused until --clear-failed; then tried (and swapped back) again.
+	gw.push(3, sections["0.1.2"])
+	if st := gw.waitSection(3, protocol.SectionFailed, "0.1.2"); st.Reason != protocol.ReasonReleaseRefused || !strings.HasPrefix(st.Message, "UPDATE_FAILED_BEFORE: ") {
+		fail("the failed version again: %+v", st)
+	}
+	if n := rel.Downloads("0.1.2"); n != 1 {
+		fail("0.1.2 was downloaded %d times, want once", n)
+	}
+	if r := run(t, bins["0.1.0"], nil, "", "update", "--config", cfg, "--clear-failed"); r.code != 0 || r.stdout != "cleared 1 failed version(s)\n" {
+		fail("bcd update --clear-failed: %s", r)
+	}
+	gw.push(4, sections["0.1.2"])
+	gw.waitSection(4, protocol.SectionRunning, "0.1.2")
+	gw.waitHello("0.1.1", 3)
+	gw.waitSection(4, protocol.SectionFailed, "0.1.2")
+
+	// 3. daemon.upgrade: RUNNING from 0.1.1, SUCCEEDED from 0.1.3.
+	step = time.Now()
+	gw.push(5, nil)
+	gw.command(protocol.Command{ID: "cmd_upgrade", Kind: protocol.KindDaemonUpgrade, Params: mustJSON(t, sections["0.1.3"])})
+	gw.waitStatus("cmd_upgrade", protocol.StateRunning)
+	gw.waitHello("0.1.3", 1)
+	if st := gw.waitStatus("cmd_upgrade", protocol.StateSucceeded); !strings.Contains(st.Message, "bcd 0.1.3 confirmed; the release floor is 13") {
+		fail("daemon.upgrade SUCCEEDED says %q", st.Message)
+	}
+	exe("bcd-a")
+	if st := status(); st.Floor != 13 || st.Current != "a" || st.Slots["a"].Version != "0.1.3" || len(st.Failed) != 1 {
+		fail("after daemon.upgrade, bcd update says %+v", st)
+	}
+	for _, h := range gw.g.Hellos() {
+		if h.ProtocolVersion != 7 {
+			fail("bcd %s said protocol_version %d, want BCD_TEST_PROTOCOL_VERSION's 7", h.DaemonVersion, h.ProtocolVersion)
+		}
+	}
+	t.Logf("0.1.1 → 0.1.3 by daemon.upgrade in %s; the whole test %s", time.Since(step).Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 }
 
-// updatingNode is a bcd node whose entrypoint and slots are its own.
-type updatingNode struct {
-	h     host
-	id    string
-	entry string
-	proc  *agentProcess
-}
-
-// startUpdatingNode joins a node of site fsn1 (created by the caller) with
-// bin copied to its entrypoint, [update] pinning pin, and starts bcd node
-// from the entrypoint with env.
-func startUpdatingNode(t *testing.T, cp *controlPlane, bin, pin string, env ...string) *updatingNode {
+// buildReleases builds cmd/bcd once per version with its tags, in parallel.
+func buildReleases(t *testing.T, tags map[string]string) map[string]string {
 	t.Helper()
-	h := newHost(t, cp, "fsn1")
-	n := &updatingNode{h: h, entry: filepath.Join(h.dir, "usr-local-bin", "bcd")}
-	os.MkdirAll(filepath.Dir(n.entry), 0o755)
-	data, err := os.ReadFile(bin)
+	dir := t.TempDir()
+	bins := map[string]string{}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var errs []string
+	for v, tag := range tags {
+		bins[v] = filepath.Join(dir, "bcd-"+v)
+		wg.Go(func() {
+			cmd := exec.Command("go", "build", "-tags="+tag, "-ldflags", "-X github.com/better-compute/bcd/internal/version.Version="+v, "-o", bins[v], "../../cmd/bcd")
+			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+			if out, err := cmd.CombinedOutput(); err != nil {
+				mu.Lock()
+				errs = append(errs, fmt.Sprintf("go build %s: %v\n%s", v, err, out))
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		t.Fatal(strings.Join(errs, "\n"))
+	}
+	return bins
+}
+
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	b, err := os.ReadFile(from)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(n.entry, data, 0o755); err != nil {
+	if err := os.WriteFile(to, b, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	f, err := os.OpenFile(h.config, os.O_APPEND|os.O_WRONLY, 0)
+}
+
+func appendFile(t *testing.T, path, text string) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	fmt.Fprintf(f, "\n[update]\nrelease_pins = %q\nrelease_threshold = 1\nrelease_sequence = 1\nslots_dir = %q\nentrypoint = %q\n",
-		pin, filepath.Join(h.dir, "slots"), n.entry)
-	f.Close()
-	if r := run(t, n.entry, []string{"BCD_JOIN_TOKEN=" + cp.token("fsn1", "node")}, "", "join", "--config", h.config); r.code != 0 {
-		t.Fatalf("bcd join: %s\nserve log:\n%s", r, cp.log)
+	defer f.Close()
+	if _, err := f.WriteString(text); err != nil {
+		t.Fatal(err)
 	}
-	n.id = identityNodeID(t, h.data)
-	n.proc = startAgentBin(t, n.entry, env, "node", "--config", h.config)
+}
+
+func mustJSON(t *testing.T, v any) json.RawMessage {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// updateGateway drives agenttest's gateway: the spec it welcomes with and
+// pushes, the commands it sends, and every status and event it acknowledges.
+type updateGateway struct {
+	g    *agenttest.Gateway
+	fail func(format string, args ...any)
+
+	mu     sync.Mutex
+	spec   protocol.Spec
+	conn   *agenttest.Conn
+	frames []protocol.Frame
+}
+
+func newUpdateGateway(t *testing.T) *updateGateway {
+	gw := &updateGateway{g: agenttest.New(t), fail: func(f string, a ...any) { t.Helper(); t.Fatalf(f, a...) }}
+	gw.g.WelcomeFor = func(protocol.Hello) protocol.Welcome {
+		gw.mu.Lock()
+		defer gw.mu.Unlock()
+		spec := gw.spec
+		return protocol.Welcome{ServerTime: time.Now().UTC(), MinProtocolVersion: protocol.MinVersion, NodeState: protocol.NodeReady, Spec: &spec}
+	}
+	gw.g.OnSession = func(ctx context.Context, c *agenttest.Conn) {
+		gw.mu.Lock()
+		gw.conn = c
+		gw.mu.Unlock()
+		agenttest.AckAll(ctx, c, func(f protocol.Frame) {
+			gw.mu.Lock()
+			gw.frames = append(gw.frames, f)
+			gw.mu.Unlock()
+		})
+	}
+	return gw
+}
+
+func (gw *updateGateway) all() []protocol.Frame {
+	gw.mu.Lock()
+	defer gw.mu.Unlock()
+	return append([]protocol.Frame(nil), gw.frames...)
+}
+
+func (gw *updateGateway) send(typ string, v any) {
+	gw.mu.Lock()
+	c := gw.conn
+	gw.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if c == nil || c.Send(ctx, typ, v) != nil {
+		gw.fail("cannot send a %s frame: no session", typ)
+	}
+}
+
+// push makes a spec with sec as its daemon section (nil: none) the desired
+// state, and sends it.
+func (gw *updateGateway) push(revision int64, sec any) {
+	spec := protocol.Spec{Revision: revision, Sections: map[string]json.RawMessage{}}
+	if sec != nil {
+		b, _ := json.Marshal(sec)
+		spec.Sections[protocol.SectionDaemon] = b
+	}
+	gw.mu.Lock()
+	gw.spec = spec
+	gw.mu.Unlock()
+	gw.send(protocol.FrameSpec, spec)
+}
+
+func (gw *updateGateway) command(c protocol.Command) { gw.send(protocol.FrameCommand, c) }
+
+func (gw *updateGateway) hellos(version string) int {
+	n := 0
+	for _, h := range gw.g.Hellos() {
+		if h.DaemonVersion == version {
+			n++
+		}
+	}
 	return n
 }
 
-// update is the node's bcd update -o json, run with its entrypoint.
-func (n *updatingNode) update(t *testing.T) selfUpdateStatus {
-	t.Helper()
-	r := run(t, n.entry, nil, "", "update", "-o", "json", "--config", n.h.config)
-	var st selfUpdateStatus
-	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &st.Status) != nil {
-		t.Fatalf("bcd update -o json: %s", r)
-	}
-	st.raw = r.stdout
-	return st
+// waitHello waits for the n-th session of version to be attached.
+func (gw *updateGateway) waitHello(version string, n int) {
+	gw.wait(fmt.Sprintf("hello #%d from bcd %s", n, version), 20*time.Second, func() bool {
+		gw.mu.Lock()
+		attached := gw.conn != nil && gw.conn.Hello.DaemonVersion == version
+		gw.mu.Unlock()
+		return attached && gw.hellos(version) >= n
+	})
 }
 
-// selfUpdateStatus is bcd update -o json and its text.
-type selfUpdateStatus struct {
-	selfupdate.Status
-	raw string
+func (gw *updateGateway) waitSection(revision int64, state, version string) protocol.SectionStatus {
+	var found protocol.SectionStatus
+	gw.wait(fmt.Sprintf("daemon section %d %s (%s)", revision, state, version), 20*time.Second, func() bool {
+		for _, f := range gw.all() {
+			var ev protocol.Event
+			var st protocol.SectionStatus
+			if f.Type != protocol.FrameEvent || f.Decode(&ev) != nil || ev.Kind != protocol.EventSectionStatus || json.Unmarshal(ev.Data, &st) != nil {
+				continue
+			}
+			if st.Section == protocol.SectionDaemon && st.Revision == revision && st.State == state && st.Version == version {
+				found = st
+				return true
+			}
+		}
+		return false
+	})
+	return found
 }
 
-func (s selfUpdateStatus) version(slot string) string { return s.Slots[slot].Version }
+func (gw *updateGateway) waitStatus(id, state string) protocol.Status {
+	var found protocol.Status
+	gw.wait(fmt.Sprintf("%s %s", id, state), 20*time.Second, func() bool {
+		for _, f := range gw.all() {
+			var st protocol.Status
+			if f.Type == protocol.FrameStatus && f.Decode(&st) == nil && st.CommandID == id && st.State == state {
+				found = st
+				return true
+			}
+		}
+		return false
+	})
+	return found
+}
 
-// rollout creates a rollout and waits for it to reach state.
-func (cp *controlPlane) rollout(t *testing.T, state string, timeout time.Duration, logs func() string, args ...string) apitype.Rollout {
-	t.Helper()
-	out := cp.mustBC(append([]string{"rollouts", "create"}, args...)...)
-	id, _, _ := strings.Cut(out, "\n")
-	if !strings.HasPrefix(id, "ro_") {
-		t.Fatalf("rollouts create printed %q, want ro_… on its first line", out)
-	}
-	var ro apitype.Rollout
+func (gw *updateGateway) wait(what string, timeout time.Duration, cond func() bool) {
 	deadline := time.Now().Add(timeout)
-	for {
-		if err := json.Unmarshal([]byte(cp.mustBC("rollouts", "show", id, "-o", "json")), &ro); err != nil {
-			t.Fatal(err)
+	for !cond() {
+		if time.Now().After(deadline) {
+			gw.fail("no %s within %s", what, timeout)
 		}
-		if ro.State == state {
-			return ro
-		}
-		if ro.State != "running" || time.Now().After(deadline) {
-			t.Fatalf("rollout %s: %s (%s), want %s within %s: %+v\nserve log:\n%s\n%s", id, ro.State, ro.Reason, state, timeout, ro, cp.log, logs())
-		}
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-// TestSelfUpdateRollout: two nodes on 0.1.0 take a rollout of 0.1.1 in
-// waves 50,100 (the real swap, the exec of the new binary and its Welcome),
-// then a rollout of 0.1.2, a build that never reaches its Welcome, pauses
-// with UpdateFailed once its first node swapped back by its (5 s) deadline.
-func TestSelfUpdateRollout(t *testing.T) {
-	t.Parallel()
-	began := time.Now()
-	key, pin := releaseKey(t)
-	downloads := t.TempDir()
-	v010 := fakehwVersion(t, "0.1.0", "")
-	r011 := signRelease(t, downloads, key, fakehwVersion(t, "0.1.1", ""), "0.1.1", 2)
-	r012 := signRelease(t, downloads, key, fakehwVersion(t, "0.1.2", "labfault_nowelcome"), "0.1.2", 3)
-	t.Logf("builds: %s", time.Since(began).Round(time.Millisecond))
-
-	cp := newControlPlane(t, "--release-pins", pin, "--downloads-dir", downloads)
-	cp.mustBC("sites", "create", "fsn1")
-	env := []string{"BCD_TEST_UPDATE_DEADLINE=5s"}
-	nodes := []*updatingNode{startUpdatingNode(t, cp, v010, pin, env...), startUpdatingNode(t, cp, v010, pin, env...)}
-	logs := func() string {
-		var b strings.Builder
-		for _, n := range nodes {
-			fmt.Fprintf(&b, "--- node %s log:\n%s\n", n.id, n.proc.log)
-		}
-		return b.String()
-	}
-	for _, n := range nodes {
-		cp.waitNode(n.id, 60*time.Second, "connected on 0.1.0", func(r nodeRow) bool { return r.Connected && r.DaemonVersion == "0.1.0" })
-	}
-	if out := cp.mustBC("releases", "add", r011.manifest); !strings.Contains(out, "release 0.1.1 (sequence 2) added") {
-		t.Fatalf("releases add: %q", out)
-	}
-	at := time.Now()
-	ro := cp.rollout(t, "succeeded", 90*time.Second, logs, "--version", "0.1.1", "--pool", "pool_e2e", "--waves", "50,100")
-	t.Logf("rollout of 0.1.1 succeeded in %s: %s", time.Since(at).Round(time.Millisecond), ro.Reason)
-	waves := map[int]bool{}
-	for _, n := range ro.Nodes {
-		waves[n.Wave] = true
-		if n.State != "succeeded" {
-			t.Errorf("rollout node %s: %s %s", n.Node, n.State, n.Reason)
-		}
-	}
-	if len(ro.Nodes) != 2 || len(waves) != 2 {
-		t.Errorf("rollout nodes %+v: want one in each of two waves", ro.Nodes)
-	}
-	for _, n := range nodes {
-		row := cp.node(t, n.id)
-		if row.DaemonVersion != "0.1.1" || !row.Connected || row.DaemonSection == nil || row.DaemonSection.State != protocol.SectionSucceeded {
-			t.Errorf("node %s: %+v (section %+v), want connected on 0.1.1 with the daemon section SUCCEEDED", n.id, row, row.DaemonSection)
-		}
-		st := n.update(t)
-		if st.version(st.Current) != "0.1.1" || st.version(st.Previous) != "0.1.0" || st.Floor != 2 || !st.EntrypointLinked || st.Pending != nil {
-			t.Errorf("node %s: bcd update %s: want current 0.1.1, previous 0.1.0 (adopted), floor 2, the entrypoint linked", n.id, st.raw)
-		}
-		if target, err := os.Readlink(n.entry); err != nil || target != filepath.Join(n.h.dir, "slots", "current") {
-			t.Errorf("node %s: entrypoint links to %q (%v), want the slots' current", n.id, target, err)
-		}
-	}
-	if t.Failed() {
-		t.Fatalf("serve log:\n%s\n%s", cp.log, logs())
-	}
-
-	// 0.1.2 never dials: the first wave's node swaps back, the rollout pauses.
-	cp.mustBC("releases", "add", r012.manifest)
-	at = time.Now()
-	ro = cp.rollout(t, "paused", 90*time.Second, logs, "--version", "0.1.2", "--pool", "pool_e2e", "--waves", "50,100")
-	t.Logf("rollout of 0.1.2 paused in %s: %s", time.Since(at).Round(time.Millisecond), ro.Reason)
-	if !strings.Contains(ro.Reason, protocol.ReasonUpdateFailed) {
-		t.Errorf("rollout paused with %q, want the reason to name %s", ro.Reason, protocol.ReasonUpdateFailed)
-	}
-	var failed *updatingNode
-	for _, rn := range ro.Nodes {
-		for _, n := range nodes {
-			if rn.Node == n.id && rn.State == "failed" {
-				failed = n
-			}
-		}
-	}
-	if failed == nil {
-		t.Fatalf("rollout %+v: no failed node\n%s", ro, logs())
-	}
-	row := cp.waitNode(failed.id, 30*time.Second, "back on 0.1.1", func(r nodeRow) bool { return r.Connected && r.DaemonVersion == "0.1.1" })
-	if s := row.DaemonSection; s == nil || s.State != protocol.SectionFailed || s.Reason != protocol.ReasonUpdateFailed || !strings.Contains(s.Message, "did not start") {
-		t.Errorf("node %s: daemon section %+v, want FAILED UpdateFailed", failed.id, row.DaemonSection)
-	}
-	st := failed.update(t)
-	if st.version(st.Current) != "0.1.1" || len(st.Failed) != 1 || st.Failed[0].Version != "0.1.2" || st.Floor != 2 {
-		t.Errorf("node %s: bcd update %s: want back on 0.1.1 with 0.1.2 failed, floor 2", failed.id, st.raw)
-	}
-	for _, n := range nodes {
-		if n != failed {
-			if r := cp.node(t, n.id); r.DaemonVersion != "0.1.1" {
-				t.Errorf("node %s of the second wave left 0.1.1 while the rollout paused: %+v", n.id, r)
-			}
-		}
-	}
-	if t.Failed() {
-		t.Fatalf("serve log:\n%s\n%s", cp.log, logs())
-	}
-	t.Logf("TestSelfUpdateRollout: %s", time.Since(began).Round(time.Millisecond))
-}
-
-// TestSelfUpdateUpgradeRequired: behind a gateway whose minimum protocol
-// version is 2, a node speaking 1 (BCD_TEST_PROTOCOL_VERSION) is
-// upgrade_required: its session takes only daemon.upgrade, and the rollout
-// controller sends it one; the node ends on the new version and the command
-// SUCCEEDED (the new process inherits the variable, so it stays
-// upgrade_required, but its Welcome still confirms the update).
-func TestSelfUpdateUpgradeRequired(t *testing.T) {
-	t.Parallel()
-	key, pin := releaseKey(t)
-	downloads := t.TempDir()
-	v010 := fakehwVersion(t, "0.1.0", "")
-	r011 := signRelease(t, downloads, key, fakehwVersion(t, "0.1.1", ""), "0.1.1", 2)
-	cp := newControlPlane(t, "--release-pins", pin, "--downloads-dir", downloads, "--min-protocol-version", "2")
-	cp.mustBC("sites", "create", "fsn1")
-	n := startUpdatingNode(t, cp, v010, pin, "BCD_TEST_PROTOCOL_VERSION=1", "BCD_TEST_UPDATE_DEADLINE=20s")
-	logs := func() string { return fmt.Sprintf("--- node %s log:\n%s\n", n.id, n.proc.log) }
-	cp.waitNode(n.id, 60*time.Second, "connected on 0.1.0", func(r nodeRow) bool { return r.Connected && r.DaemonVersion == "0.1.0" })
-	cp.mustBC("releases", "add", r011.manifest)
-	at := time.Now()
-	ro := cp.rollout(t, "succeeded", 90*time.Second, logs, "--version", "0.1.1", "--pool", "pool_e2e", "--waves", "100")
-	if len(ro.Nodes) != 1 || ro.Nodes[0].CommandID == "" {
-		t.Fatalf("rollout %+v: want its one node sent a daemon.upgrade", ro)
-	}
-	var cmd apitype.Command
-	if err := json.Unmarshal([]byte(cp.mustBC("commands", "get", ro.Nodes[0].CommandID, "-o", "json")), &cmd); err != nil {
-		t.Fatal(err)
-	}
-	if cmd.Kind != protocol.KindDaemonUpgrade || cmd.State != protocol.StateSucceeded {
-		t.Errorf("command %s: %+v, want daemon.upgrade SUCCEEDED", ro.Nodes[0].CommandID, cmd)
-	}
-	row := cp.waitNode(n.id, 30*time.Second, "connected on 0.1.1", func(r nodeRow) bool { return r.Connected && r.DaemonVersion == "0.1.1" })
-	if st := n.update(t); st.version(st.Current) != "0.1.1" || st.Floor != 2 || st.Pending != nil {
-		t.Errorf("bcd update %s: want 0.1.1 confirmed (floor 2, nothing pending)", st.raw)
-	}
-	sent := false
-	for _, e := range ro.Timeline {
-		sent = sent || strings.Contains(e.Message, ro.Nodes[0].CommandID) && strings.Contains(e.Message, "below 2")
-	}
-	if !sent {
-		t.Errorf("the rollout's timeline does not say it sent %s for protocol below 2: %+v", ro.Nodes[0].CommandID, ro.Timeline)
-	}
-	if l := n.proc.log.String(); !strings.Contains(l, "upgrade_required=true") && !strings.Contains(l, `"upgrade_required":true`) {
-		t.Errorf("the node did not log that its session is upgrade_required")
-	}
-	if t.Failed() {
-		t.Fatalf("node %+v\nserve log:\n%s\n%s", row, cp.log, logs())
-	}
-	t.Logf("upgrade_required node on 0.1.1 through daemon.upgrade %s in %s", ro.Nodes[0].CommandID, time.Since(at).Round(time.Millisecond))
 }
