@@ -42,6 +42,12 @@ var bcopRE = regexp.MustCompile(`bcop_[a-z2-7]{52}`)
 // the CLI's environment at it: server URL, operator token, serving CA.
 func controlPlane(t *testing.T) (*controlplane.Server, string) {
 	t.Helper()
+	return controlPlaneWith(t, nil)
+}
+
+// controlPlaneWith is controlPlane with the server changed by mut first.
+func controlPlaneWith(t *testing.T, mut func(*controlplane.Server)) (*controlplane.Server, string) {
+	t.Helper()
 	pkiDir := filepath.Join(t.TempDir(), "pki")
 	if _, err := pki.Init(pkiDir, pki.InitOptions{}); err != nil {
 		t.Fatal(err)
@@ -49,6 +55,9 @@ func controlPlane(t *testing.T) (*controlplane.Server, string) {
 	out := &lockedBuffer{}
 	s := &controlplane.Server{PKIDir: pkiDir, DataDir: filepath.Join(t.TempDir(), "data"),
 		APIListen: "127.0.0.1:0", GatewayListen: "127.0.0.1:0", Out: out}
+	if mut != nil {
+		mut(s)
+	}
 	if err := s.Start(); err != nil {
 		t.Fatal(err)
 	}
