@@ -171,6 +171,26 @@ func (m *updVM) last(kind string) string {
 	return v[len(v)-1]
 }
 
+// waitProbe waits until one of the probe's values under kind, after the
+// first since, satisfies ok, and returns it.
+func (m *updVM) waitProbe(ctx context.Context, kind string, since int, timeout time.Duration, ok func(string) bool) (string, error) {
+	var found string
+	err := waitFor(ctx, timeout, func() bool {
+		v := m.probe(kind)
+		for i := since; i < len(v); i++ {
+			if ok(v[i]) {
+				found = v[i]
+				return true
+			}
+		}
+		return false
+	})
+	if err != nil {
+		return "", fmt.Errorf("%s: the probe printed no %s line as wanted within %s (last %q)", m.name, kind, timeout, m.last(kind))
+	}
+	return found, nil
+}
+
 // update is the last bcd update -o json the probe printed.
 func (m *updVM) update() (labUpdate, error) {
 	all := m.probe("update")
@@ -386,8 +406,8 @@ func TestDebianSelfUpdate(t *testing.T) {
 		if n.Pool != "upd" || !pki.SameVersion(n.DaemonVersion, "0.1.0") {
 			fail(fmt.Errorf("%s: node %+v, want pool upd and bcd 0.1.0", m.name, n))
 		}
-		if e := m.last("entrypoint"); !strings.HasPrefix(e, "file ") {
-			fail(fmt.Errorf("%s: /usr/local/bin/bcd after the install script: %q, want the script's plain file", m.name, e))
+		if _, err := m.waitProbe(wctx, "entrypoint", 0, time.Minute, func(e string) bool { return strings.HasPrefix(e, "file ") }); err != nil {
+			fail(fmt.Errorf("%s: /usr/local/bin/bcd after the install script is not the script's plain file: %w", m.name, err))
 		}
 		if _, err := m.vm.WaitConsole(wctx, regexp.MustCompile(`bcd-lab: systemctl is-active bcd: \S+`)); err != nil {
 			fail(err)
@@ -483,14 +503,18 @@ func (s *updSteps) rollout() {
 		if u.previousVersion() != "0.1.0" || len(u.Slots) != 2 || u.slot("a").SHA256 == "" || u.slot("b").SHA256 == "" {
 			s.fail(fmt.Errorf("%s: slots.json should record both slots (0.1.0 adopted, 0.1.1): %s", m.name, u.raw))
 		}
-		if e := m.last("entrypoint"); e != "link /var/lib/bcd/bin/current" || !u.EntrypointLinked {
-			s.fail(fmt.Errorf("%s: /usr/local/bin/bcd: %q (bcd update: %s), want a link to /var/lib/bcd/bin/current", m.name, e, u.raw))
+		if !u.EntrypointLinked {
+			s.fail(fmt.Errorf("%s: bcd update: %s, want the entrypoint linked to current", m.name, u.raw))
 		}
-		if rb := m.last("rollback"); !strings.Contains(rb, "LoadState=loaded") {
-			s.fail(fmt.Errorf("%s: bcd-rollback.service after the first update: %s", m.name, rb))
-		}
-		if sv := m.last("bcd.service"); !strings.Contains(sv, "50-bcd-rollback.conf") {
-			s.fail(fmt.Errorf("%s: bcd.service has no 50-bcd-rollback.conf drop-in: %s", m.name, sv))
+		// The probe prints these after bcd update, in the same round or the next.
+		for _, c := range []struct{ kind, want string }{
+			{"entrypoint", "link /var/lib/bcd/bin/current"},
+			{"rollback", "LoadState=loaded"},
+			{"bcd.service", "/etc/systemd/system/bcd.service.d/50-bcd-rollback.conf"},
+		} {
+			if _, err := m.waitProbe(s.ctx, c.kind, 0, time.Minute, func(v string) bool { return strings.Contains(v, c.want) }); err != nil {
+				s.fail(fmt.Errorf("after the first update: %w (want %s)", err, c.want))
+			}
 		}
 	}
 	t.Logf("step 1: rollout %s of 0.1.1 (waves 50,100) succeeded in %s; both nodes on 0.1.1, floor 2", id, took.Round(time.Second))
@@ -611,10 +635,12 @@ func (s *updSteps) crashLoop() {
 		return u.currentVersion() == "0.1.1" && !u.pending() && u.failed("0.1.3")
 	})
 	swapped, restored := s.pendingSpan(y)
-	// The unit ran (once) and says what it did.
-	rb := y.probe("rollback")
-	if len(rb) <= rollbacks || !strings.Contains(rb[len(rb)-1], "Result=success") {
-		s.fail(fmt.Errorf("%s: bcd-rollback.service did not run: %q", y.name, rb[rollbacks:]))
+	// The unit ran and says what it did.
+	rb, err := y.waitProbe(s.ctx, "rollback", rollbacks, time.Minute, func(v string) bool {
+		return strings.Contains(v, "Result=success") && !strings.Contains(v, "ExecMainExitTimestampMonotonic=0 ")
+	})
+	if err != nil {
+		s.fail(fmt.Errorf("bcd-rollback.service did not run: %w", err))
 	}
 	if u.Floor != before.Floor {
 		s.fail(fmt.Errorf("%s: the floor moved from %d to %d with a release that never confirmed", y.name, before.Floor, u.Floor))
@@ -630,7 +656,7 @@ func (s *updSteps) crashLoop() {
 	restarts := y.probe("bcd.service")
 	t.Logf("step 3: %s: 0.1.3 crash-looped; the swap %s after nodes upgrade, restored by bcd-rollback.service %s after the swap; back on %s; %s: %s",
 		y.name, swapped.Sub(at).Round(time.Second), restored.Sub(swapped).Round(time.Second), n.DaemonVersion, cmd, c.Message)
-	t.Logf("step 3: %s: bcd-rollback: %s; bcd.service last: %s", y.name, rb[len(rb)-1], lastOf(restarts))
+	t.Logf("step 3: %s: bcd-rollback: %s; bcd.service last: %s", y.name, rb, lastOf(restarts))
 
 	// Step 2's retry on x has swapped back by now, or does so by its deadline.
 	x := s.x
@@ -738,8 +764,8 @@ func (s *updSteps) rerun() {
 	if rc != 0 {
 		s.fail(fmt.Errorf("%s: the install script for 0.1.4: exit %d\n%s", y.name, rc, strings.Join(out, "\n")))
 	}
-	if e := y.last("entrypoint"); !strings.HasPrefix(e, "file ") {
-		s.fail(fmt.Errorf("%s: /usr/local/bin/bcd after the rerun: %q, want the script's plain file", y.name, e))
+	if _, err := y.waitProbe(s.ctx, "entrypoint", 0, time.Minute, func(e string) bool { return strings.HasPrefix(e, "file ") && e == y.last("entrypoint") }); err != nil {
+		s.fail(fmt.Errorf("/usr/local/bin/bcd after the rerun is not the script's plain file: %w", err))
 	}
 	n, err := waitReadyNode(s.ctx, s.f, y.node, func(n FleetNode) bool { return n.ID == y.node && pki.SameVersion(n.DaemonVersion, "0.1.4") }, 10*time.Minute)
 	if err != nil {
@@ -760,10 +786,12 @@ func (s *updSteps) rerun() {
 	if u.previousVersion() != "0.1.4" || u.Floor != 6 {
 		s.fail(fmt.Errorf("%s: after 0.1.5: previous %q, floor %d, want 0.1.4 adopted from the rerun and floor 6: %s", y.name, u.previousVersion(), u.Floor, u.raw))
 	}
-	if e := y.last("entrypoint"); e != "link /var/lib/bcd/bin/current" {
-		s.fail(fmt.Errorf("%s: /usr/local/bin/bcd: %q, want a link to /var/lib/bcd/bin/current", y.name, e))
+	if _, err := y.waitProbe(s.ctx, "entrypoint", 0, time.Minute, func(e string) bool {
+		return e == "link /var/lib/bcd/bin/current" && e == y.last("entrypoint")
+	}); err != nil || !u.EntrypointLinked {
+		s.fail(fmt.Errorf("/usr/local/bin/bcd does not link to /var/lib/bcd/bin/current after 0.1.5: %v (%s)", err, u.raw))
 	}
-	if n := s.nodeOf(y); !pki.SameVersion(n.DaemonVersion, "0.1.5") || n.DaemonSection == nil {
+	if n := s.nodeOf(y); !pki.SameVersion(n.DaemonVersion, "0.1.5") {
 		s.fail(fmt.Errorf("%s: node %+v, want bcd 0.1.5", y.name, n))
 	}
 	t.Logf("step 5: %s: 0.1.5 took over from the adopted 0.1.4 in %s (previous slot %s, floor %d)", y.name, time.Since(at).Round(time.Second), u.previousVersion(), u.Floor)

@@ -18,7 +18,7 @@ import (
 	"github.com/better-compute/bcd/protocol"
 )
 
-// Self-update end to end on loopback (spec "Self-update", "From v0.4:
+// Self-update through the whole stack on loopback (spec "Self-update", "From v0.4:
 // rollouts and self-update"): fakehw bcd node processes whose [update]
 // slots_dir and entrypoint are in temp dirs, a real better-compute serve
 // with --release-pins serving the releases' bare binaries from its https
@@ -87,15 +87,9 @@ func signRelease(t *testing.T, downloads, key, bin, version string, seq int) fak
 	t.Helper()
 	dist := filepath.Join(t.TempDir(), "dist-"+version)
 	name := pki.BinaryName("bcd", version, "linux", runtime.GOARCH)
+	os.MkdirAll(dist, 0o755)
 	for _, dst := range []string{filepath.Join(dist, name), filepath.Join(downloads, name)} {
-		os.MkdirAll(filepath.Dir(dst), 0o755)
-		data, err := os.ReadFile(bin)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(dst, data, 0o755); err != nil {
-			t.Fatal(err)
-		}
+		copyFile(t, bin, dst)
 	}
 	if out, err := exec.Command(bcBin, "release", "sign", "--product", "bcd", "--version", version, "--sequence", fmt.Sprint(seq),
 		"--expires", "2h", "--key", key, dist).CombinedOutput(); err != nil {
@@ -120,20 +114,9 @@ func startUpdatingNode(t *testing.T, cp *controlPlane, bin, pin string, env ...s
 	h := newHost(t, cp, "fsn1")
 	n := &updatingNode{h: h, entry: filepath.Join(h.dir, "usr-local-bin", "bcd")}
 	os.MkdirAll(filepath.Dir(n.entry), 0o755)
-	data, err := os.ReadFile(bin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(n.entry, data, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.OpenFile(h.config, os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fmt.Fprintf(f, "\n[update]\nrelease_pins = %q\nrelease_threshold = 1\nrelease_sequence = 1\nslots_dir = %q\nentrypoint = %q\n",
-		pin, filepath.Join(h.dir, "slots"), n.entry)
-	f.Close()
+	copyFile(t, bin, n.entry)
+	appendFile(t, h.config, fmt.Sprintf("\n[update]\nrelease_pins = %q\nrelease_threshold = 1\nrelease_sequence = 1\nslots_dir = %q\nentrypoint = %q\n",
+		pin, filepath.Join(h.dir, "slots"), n.entry))
 	if r := run(t, n.entry, []string{"BCD_JOIN_TOKEN=" + cp.token("fsn1", "node")}, "", "join", "--config", h.config); r.code != 0 {
 		t.Fatalf("bcd join: %s\nserve log:\n%s", r, cp.log)
 	}
