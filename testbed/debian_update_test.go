@@ -24,12 +24,13 @@ import (
 
 // probeScript is the lab's eyes inside a self-updating machine (the lab has
 // no ssh): a loop that prints on the serial console, each time one of them
-// changes (and every eighth round anyway), what bcd update -o json says, where /usr/local/bin/bcd points,
-// bcd.service's and bcd-rollback.service's states (with the rollback unit's
-// log) and the node's identity; and that runs, in order, the commands the
-// test publishes for this machine on the lab's image server (cmd-1.sh,
-// cmd-2.sh, …, fetched through the site's proxy), printing their output and
-// exit code. A command runs once; the next is only looked for after it.
+// changes (and every eighth round anyway), what bcd update -o json says,
+// where /usr/local/bin/bcd points, bcd.service's and bcd-rollback.service's
+// states (with the rollback unit's log) and the node's id; and that runs, in
+// order, the commands the test publishes for this machine on the lab's image
+// server (cmd-1.sh, cmd-2.sh, …, fetched through the site's proxy), printing
+// their output and exit code. A command runs once; the next is only looked
+// for after it.
 const probeScript = `#!/bin/sh
 set -u
 d=/etc/bcd-lab-probe
@@ -49,12 +50,12 @@ changed() {
 	printf '%s' "$2" >"$f"
 }
 n=1
-i=0
+round=0
 while :; do
 	# Every line again now and then: one that the kernel's messages garbled
 	# on the console gets another chance.
-	i=$((i + 1))
-	if [ $((i % 8)) = 0 ]; then rm -f /run/bcd-lab-probe.*; fi
+	round=$((round + 1))
+	if [ $((round % 8)) = 0 ]; then rm -f /run/bcd-lab-probe.*; fi
 	if [ -e /usr/local/bin/bcd ] && [ -f /etc/bcd/config.toml ]; then
 		if out=$(/usr/local/bin/bcd update -o json 2>&1); then
 			u=$(printf '%s' "$out" | tr -d '\r\n' | tr -s ' ')
