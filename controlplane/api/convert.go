@@ -198,5 +198,5 @@ func toPoolPolicy(p store.PoolPolicy) apitype.PoolPolicy {
 	if attestors == nil {
 		attestors = []string{}
 	}
-	return apitype.PoolPolicy{Pool: p.Pool, JoinAttestors: attestors, UpdatedAt: p.UpdatedAt}
+	return apitype.PoolPolicy{Pool: p.Pool, JoinAttestors: attestors, MaxUnavailable: p.MaxUnavailable, UpdatedAt: p.UpdatedAt}
 }

@@ -124,7 +124,10 @@ func (s *Server) setPoolPolicy(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(r, &in); err != nil {
 		return err
 	}
-	p := store.PoolPolicy{Pool: pool, UpdatedAt: s.now()}
+	if in.MaxUnavailable < 0 {
+		return httpjson.Errorf(protocol.CodeInvalidInput, "max_unavailable %d: want 1 or more (0: no budget set)", in.MaxUnavailable)
+	}
+	p := store.PoolPolicy{Pool: pool, MaxUnavailable: in.MaxUnavailable, UpdatedAt: s.now()}
 	for _, a := range in.JoinAttestors {
 		if !slices.Contains(attestors, a) {
 			return httpjson.Errorf(protocol.CodeInvalidInput, "join_attestors: %q is not an attestor (want %s, %s, %s or %s)", human.ShortN(a, 80),
@@ -137,7 +140,7 @@ func (s *Server) setPoolPolicy(w http.ResponseWriter, r *http.Request) error {
 	if err := s.Store.SetPoolPolicy(r.Context(), p); err != nil {
 		return err
 	}
-	s.log().Info("pool policy set", "pool", pool, "join_attestors", p.JoinAttestors)
+	s.log().Info("pool policy set", "pool", pool, "join_attestors", p.JoinAttestors, "max_unavailable", p.MaxUnavailable)
 	httpjson.WriteJSON(w, http.StatusOK, toPoolPolicy(p))
 	return nil
 }

@@ -37,15 +37,19 @@ type MachineTPMSet struct {
 // PoolPolicy is what a pool requires of the joins into it: the attestors
 // they may use (empty: any).
 type PoolPolicy struct {
-	Pool          string    `json:"pool"`
-	JoinAttestors []string  `json:"join_attestors"`
-	UpdatedAt     time.Time `json:"updated_at,omitzero"`
+	Pool          string   `json:"pool"`
+	JoinAttestors []string `json:"join_attestors"`
+	// MaxUnavailable is the pool's disruption budget for rollouts; 0 when
+	// not set (1 applies).
+	MaxUnavailable int       `json:"max_unavailable,omitempty"`
+	UpdatedAt      time.Time `json:"updated_at,omitzero"`
 }
 
-// PoolPolicySet is the body of PUT /api/v1/pools/{pool}/policy; no
-// attestors removes the policy.
+// PoolPolicySet is the body of PUT /api/v1/pools/{pool}/policy: the whole
+// policy; no attestors and no budget removes it.
 type PoolPolicySet struct {
-	JoinAttestors []string `json:"join_attestors"`
+	JoinAttestors  []string `json:"join_attestors"`
+	MaxUnavailable int      `json:"max_unavailable,omitempty"`
 }
 
 // PoolPolicyList answers GET /api/v1/pools: the pools that have a policy.

@@ -30,6 +30,7 @@ type Store interface {
 	GetSession(ctx context.Context, id int64) (store.Session, error)
 	GetCommand(ctx context.Context, id string) (store.Command, error)
 	GetSectionStatus(ctx context.Context, nodeID, section string) (store.SectionStatus, error)
+	ListPoolPolicies(ctx context.Context) ([]store.PoolPolicy, error)
 	StepRollout(ctx context.Context, s store.RolloutStep) error
 }
 
@@ -326,6 +327,10 @@ func (st *stepper) start(ctx context.Context, all []store.Node) error {
 			mark(n.Pool, n.ID)
 		}
 	}
+	budgets, err := st.budgets(ctx)
+	if err != nil {
+		return err
+	}
 	begun := false
 	for _, n := range st.r.Nodes {
 		if n.State == store.RolloutNodeUpdating {
@@ -339,7 +344,7 @@ func (st *stepper) start(ctx context.Context, all []store.Node) error {
 		if n.Wave != wave || n.State != store.RolloutNodePending {
 			continue
 		}
-		if !unavailable[n.Pool][n.NodeID] && len(unavailable[n.Pool]) >= st.r.MaxUnavailable {
+		if !unavailable[n.Pool][n.NodeID] && len(unavailable[n.Pool]) >= budgets(n.Pool) {
 			continue
 		}
 		if !begun {
@@ -360,6 +365,29 @@ func (st *stepper) start(ctx context.Context, all []store.Node) error {
 		}
 	}
 	return nil
+}
+
+// budgets returns each pool's disruption budget for this rollout: its
+// --max-unavailable when it was given one, else the pool's policy
+// (pools set-policy --max-unavailable), else DefaultMaxUnavailable.
+func (st *stepper) budgets(ctx context.Context) (func(pool string) int, error) {
+	if st.r.MaxUnavailable > 0 {
+		return func(string) int { return st.r.MaxUnavailable }, nil
+	}
+	policies, err := st.c.Store.ListPoolPolicies(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("rollout %s: pools' disruption budgets: %w", st.r.ID, err)
+	}
+	byPool := make(map[string]int, len(policies))
+	for _, p := range policies {
+		byPool[p.Pool] = p.MaxUnavailable
+	}
+	return func(pool string) int {
+		if b := byPool[pool]; b > 0 {
+			return b
+		}
+		return DefaultMaxUnavailable
+	}, nil
 }
 
 func (st *stepper) startNode(ctx context.Context, i int) error {

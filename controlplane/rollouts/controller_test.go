@@ -29,7 +29,12 @@ type fakeStore struct {
 	commands map[string]store.Command
 	sections map[string]store.SectionStatus
 	release  store.Release
+	policies []store.PoolPolicy
 	steps    int
+}
+
+func (f *fakeStore) ListPoolPolicies(context.Context) ([]store.PoolPolicy, error) {
+	return slices.Clone(f.policies), nil
 }
 
 func (f *fakeStore) ListActiveRollouts(context.Context) ([]store.Rollout, error) {
@@ -357,6 +362,47 @@ func TestBudgetIsPerPool(t *testing.T) {
 	w.step()
 	if got := w.states(); got != "n1=updating n2=pending n3=updating n4=pending" {
 		t.Errorf("states %s", got)
+	}
+}
+
+// TestPoolBudgets: a rollout without --max-unavailable keeps each pool
+// within its own disruption budget (pools set-policy --max-unavailable),
+// 1 for a pool without one; a rollout's own --max-unavailable wins.
+func TestPoolBudgets(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		max      int
+		policies []store.PoolPolicy
+		want     string
+	}{
+		{"no budgets set: one per pool", 0, nil, "n1=updating n2=pending n3=pending n4=updating n5=pending n6=pending"},
+		{"pool_a's budget of two", 0, []store.PoolPolicy{{Pool: "pool_a", MaxUnavailable: 2}},
+			"n1=updating n2=updating n3=pending n4=updating n5=pending n6=pending"},
+		{"both pools' budgets", 0, []store.PoolPolicy{{Pool: "pool_a", MaxUnavailable: 3}, {Pool: "pool_b", MaxUnavailable: 2}},
+			"n1=updating n2=updating n3=updating n4=updating n5=updating n6=pending"},
+		{"an attestor-only policy sets no budget", 0, []store.PoolPolicy{{Pool: "pool_a", JoinAttestors: []string{protocol.AttestorTPM}}},
+			"n1=updating n2=pending n3=pending n4=updating n5=pending n6=pending"},
+		{"the rollout's --max-unavailable wins", 1, []store.PoolPolicy{{Pool: "pool_a", MaxUnavailable: 3}},
+			"n1=updating n2=pending n3=pending n4=updating n5=pending n6=pending"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			w := newWorld(t, 6, []int{100}, func(r *store.Rollout) {
+				r.MaxUnavailable = c.max
+				for i := 3; i < 6; i++ {
+					r.Nodes[i].Pool = "pool_b"
+				}
+			})
+			for _, id := range []string{"n4", "n5", "n6"} {
+				n := w.s.nodes[id]
+				n.Pool = "pool_b"
+				w.s.nodes[id] = n
+			}
+			w.s.policies = c.policies
+			w.step()
+			if got := w.states(); got != c.want {
+				t.Errorf("states %s, want %s", got, c.want)
+			}
+		})
 	}
 }
 

@@ -266,8 +266,6 @@ func (s *Service) CreateRollout(ctx context.Context, in NewRollout) (store.Rollo
 	switch {
 	case in.MaxUnavailable < 0:
 		return store.Rollout{}, refusal.New(protocol.CodeInvalidInput, "max_unavailable (--max-unavailable) %d: want 1 or more", in.MaxUnavailable)
-	case in.MaxUnavailable == 0:
-		in.MaxUnavailable = DefaultMaxUnavailable
 	}
 	threshold := DefaultFailureThreshold
 	if in.FailureThreshold != nil {

@@ -46,8 +46,12 @@ type PoolPolicy struct {
 	Pool string `json:"pool"`
 	// JoinAttestors are the attestors (protocol.Attestor*) a join into the
 	// pool may use; empty allows every attestor.
-	JoinAttestors []string  `json:"join_attestors"`
-	UpdatedAt     time.Time `json:"updated_at"`
+	JoinAttestors []string `json:"join_attestors"`
+	// MaxUnavailable is the pool's disruption budget: how many of its nodes
+	// a rollout may have updating or offline at once. 0: not set (a rollout
+	// without --max-unavailable then takes 1).
+	MaxUnavailable int       `json:"max_unavailable,omitempty"`
+	UpdatedAt      time.Time `json:"updated_at"`
 }
 
 // Allows reports whether a join with attestor may enter the pool.

@@ -62,7 +62,7 @@
 //	tpm_enrollments ek_sha256 PK (hex SHA-256 of the EK's PKIX DER), site,
 //	                pool ('' for the default), machine_id ('' for an
 //	                allow-list entry; unique otherwise), created_at
-//	pool_policies   pool PK, join_attestors (comma-separated), updated_at
+//	pool_policies   pool PK, join_attestors (comma-separated), max_unavailable, updated_at
 //
 // Migrations are numbered by PRAGMA user_version (1: the first schema, 2:
 // machines, 3: the machine lifecycle, 4: a machine's record split by owner,

@@ -21,7 +21,7 @@ const DBFile = "better-compute.db"
 // migrations bring a database from PRAGMA user_version i to i+1; a new
 // database runs them all. Each is append-only: a released migration is
 // never edited.
-var migrations = []string{schemaV1, schemaV2, schemaV3, schemaV4, schemaV5, schemaV6, schemaV7}
+var migrations = []string{schemaV1, schemaV2, schemaV3, schemaV4, schemaV5, schemaV6, schemaV7, schemaV8}
 
 // schemaVersion is PRAGMA user_version of a database this build has migrated.
 var schemaVersion = len(migrations)
@@ -215,6 +215,11 @@ ALTER TABLE nodes ADD COLUMN prev_cert_serial TEXT NOT NULL DEFAULT '';
 // schemaV7 adds upgrades: the releases the operator added, a node's arch
 // and daemon target (its spec's daemon section), its latest report on
 // each section, and rollouts with their nodes and timelines.
+// schemaV8 gives a pool policy its disruption budget (rollouts).
+const schemaV8 = `
+ALTER TABLE pool_policies ADD COLUMN max_unavailable INTEGER NOT NULL DEFAULT 0;
+`
+
 const schemaV7 = `
 ALTER TABLE nodes ADD COLUMN daemon_arch TEXT NOT NULL DEFAULT '';
 ALTER TABLE nodes ADD COLUMN daemon_target TEXT;

@@ -132,13 +132,14 @@ func (s *sqliteStore) RevokeTPMEnrollment(ctx context.Context, ek string, at tim
 
 func (s *sqliteStore) SetPoolPolicy(ctx context.Context, p store.PoolPolicy) error {
 	return wrap("set policy of pool "+p.Pool, s.tx(ctx, func(tx *sql.Tx) error {
-		if len(p.JoinAttestors) == 0 {
+		if len(p.JoinAttestors) == 0 && p.MaxUnavailable == 0 {
 			_, err := tx.ExecContext(ctx, `DELETE FROM pool_policies WHERE pool = ?`, p.Pool)
 			return err
 		}
-		_, err := tx.ExecContext(ctx, `INSERT INTO pool_policies (pool, join_attestors, updated_at) VALUES (?, ?, ?)
-			ON CONFLICT (pool) DO UPDATE SET join_attestors = excluded.join_attestors, updated_at = excluded.updated_at`,
-			p.Pool, strings.Join(p.JoinAttestors, ","), ms(p.UpdatedAt))
+		_, err := tx.ExecContext(ctx, `INSERT INTO pool_policies (pool, join_attestors, max_unavailable, updated_at) VALUES (?, ?, ?, ?)
+			ON CONFLICT (pool) DO UPDATE SET join_attestors = excluded.join_attestors, max_unavailable = excluded.max_unavailable,
+			updated_at = excluded.updated_at`,
+			p.Pool, strings.Join(p.JoinAttestors, ","), p.MaxUnavailable, ms(p.UpdatedAt))
 		return err
 	}))
 }
@@ -147,7 +148,7 @@ func scanPolicy(sc interface{ Scan(...any) error }) (store.PoolPolicy, error) {
 	var p store.PoolPolicy
 	var attestors string
 	var updated sql.NullInt64
-	if err := sc.Scan(&p.Pool, &attestors, &updated); err != nil {
+	if err := sc.Scan(&p.Pool, &attestors, &p.MaxUnavailable, &updated); err != nil {
 		return store.PoolPolicy{}, err
 	}
 	if attestors != "" {
@@ -158,10 +159,10 @@ func scanPolicy(sc interface{ Scan(...any) error }) (store.PoolPolicy, error) {
 }
 
 func (s *sqliteStore) GetPoolPolicy(ctx context.Context, pool string) (store.PoolPolicy, error) {
-	p, err := scanPolicy(s.r.QueryRowContext(ctx, `SELECT pool, join_attestors, updated_at FROM pool_policies WHERE pool = ?`, pool))
+	p, err := scanPolicy(s.r.QueryRowContext(ctx, `SELECT pool, join_attestors, max_unavailable, updated_at FROM pool_policies WHERE pool = ?`, pool))
 	return p, wrap("policy of pool "+pool, err)
 }
 
 func (s *sqliteStore) ListPoolPolicies(ctx context.Context) ([]store.PoolPolicy, error) {
-	return queryAll(ctx, s.r, "list pool policies", scanPolicy, `SELECT pool, join_attestors, updated_at FROM pool_policies ORDER BY pool`)
+	return queryAll(ctx, s.r, "list pool policies", scanPolicy, `SELECT pool, join_attestors, max_unavailable, updated_at FROM pool_policies ORDER BY pool`)
 }

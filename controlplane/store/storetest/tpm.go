@@ -215,8 +215,18 @@ func testPoolPolicies(t *testing.T, s store.Store) {
 	if err := s.SetPoolPolicy(ctx, store.PoolPolicy{Pool: "pool_b", JoinAttestors: []string{protocol.AttestorJoinToken}, UpdatedAt: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
-	if list, _ := s.ListPoolPolicies(ctx); len(list) != 2 || list[0].Pool != "pool_a" || list[1].Pool != "pool_b" {
+	if list, _ := s.ListPoolPolicies(ctx); len(list) != 2 || list[0].Pool != "pool_a" || list[1].Pool != "pool_b" || list[0].MaxUnavailable != 0 {
 		t.Errorf("ListPoolPolicies = %+v", list)
+	}
+	// A disruption budget alone is a policy; it admits every attestor.
+	if err := s.SetPoolPolicy(ctx, store.PoolPolicy{Pool: "pool_c", MaxUnavailable: 3, UpdatedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.GetPoolPolicy(ctx, "pool_c"); err != nil || got.MaxUnavailable != 3 || !got.Allows(protocol.AttestorDiscovery) {
+		t.Errorf("budget-only policy = %+v, %v", got, err)
+	}
+	if err := s.SetPoolPolicy(ctx, store.PoolPolicy{Pool: "pool_c", UpdatedAt: time.Now()}); err != nil {
+		t.Fatal(err)
 	}
 	// No attestors: no policy.
 	if err := s.SetPoolPolicy(ctx, store.PoolPolicy{Pool: "pool_a", UpdatedAt: time.Now()}); err != nil {

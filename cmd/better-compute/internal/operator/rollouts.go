@@ -163,7 +163,7 @@ node at a time.`,
 	f.StringVar(&in.Site, "site", "", "only nodes of this site (default any)")
 	f.StringVar(&in.Role, "role", "node", "node or site (site agents)")
 	f.StringVar(&waves, "waves", "1,10,50,100", "cumulative percentages of the nodes per wave, rising, ending at 100")
-	f.IntVar(&in.MaxUnavailable, "max-unavailable", 1, "nodes of a pool updating or offline at once")
+	f.IntVar(&in.MaxUnavailable, "max-unavailable", 0, "nodes of a pool updating or offline at once (default: each pool's disruption budget, pools set-policy --max-unavailable, else 1)")
 	f.IntVar(&threshold, "failure-threshold", 10, "pause when more than this percentage of the finished nodes failed")
 	f.StringVar(&timeout, "wave-timeout", "30m", "how long a node has to rejoin at the version")
 
@@ -212,7 +212,7 @@ node at a time.`,
 			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 			for _, kv := range [][2]string{
 				{"ID", r.ID}, {"VERSION", r.Version}, {"ROLE", r.Role}, {"POOL", anyOr(r.Pool)}, {"SITE", anyOr(r.Site)},
-				{"WAVES", joinWaves(r.Waves)}, {"MAX UNAVAILABLE", strconv.Itoa(r.MaxUnavailable)},
+				{"WAVES", joinWaves(r.Waves)}, {"MAX UNAVAILABLE", maxUnavailable(r.MaxUnavailable)},
 				{"FAILURE THRESHOLD", strconv.Itoa(r.FailureThreshold) + "%"}, {"WAVE TIMEOUT", r.WaveTimeout},
 				{"STATE", r.State}, {"REASON", dash(r.Reason)}, {"CREATED", stamp(r.CreatedAt)},
 			} {
@@ -293,4 +293,13 @@ func updateColumn(n apitype.NodeInfo) string {
 		return d.State + " " + d.Version
 	}
 	return d.State
+}
+
+// maxUnavailable is a rollout's --max-unavailable as show says it: 0 keeps
+// each pool within its own disruption budget.
+func maxUnavailable(n int) string {
+	if n == 0 {
+		return "each pool's disruption budget (pools set-policy --max-unavailable; 1 when not set)"
+	}
+	return strconv.Itoa(n)
 }

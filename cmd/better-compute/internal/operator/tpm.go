@@ -7,6 +7,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -239,30 +240,51 @@ func newPoolsCmd() *cobra.Command {
 	var af apiFlags
 	cmd := &cobra.Command{
 		Use:   "pools",
-		Short: "Set what a pool requires of the joins into it (policy.joinAttestors)",
+		Short: "Set a pool's policy: the attestors a join into it may use, and its disruption budget",
 		Long: `A pool's policy lists the attestors a join into it may use: join-token, provisioned,
 discovery, tpm. A join with another attestor is refused with ATTESTOR_NOT_ALLOWED before
-anything is written (a token stays unused). A pool without a policy admits every attestor.`,
+anything is written (a token stays unused). A pool without a policy admits every attestor.
+
+It also holds the pool's disruption budget (--max-unavailable): how many of its nodes a
+rollout may have updating or offline at once, nodes already offline included. A rollout
+created without --max-unavailable keeps each pool within its budget (1 when none is set).`,
 	}
 	addAPIFlags(cmd, &af)
 	var attestors string
+	var maxUnavailable int
 	set := &cobra.Command{
-		Use:   "set-policy P --join-attestors tpm[,join-token,…]",
-		Short: "Set the attestors a join into pool P may use (--join-attestors '' removes the policy)",
+		Use:   "set-policy P [--join-attestors tpm[,join-token,…]] [--max-unavailable N]",
+		Short: "Set the attestors a join into pool P may use ('' allows any) and its disruption budget (0 unsets it); what is not given stays",
 		Args:  cli.ExactArgs(1, "the pool"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if !cmd.Flags().Changed("join-attestors") {
-				return cli.Usagef("pools set-policy: --join-attestors is required ('' removes the policy)")
+			setAttestors, setBudget := cmd.Flags().Changed("join-attestors"), cmd.Flags().Changed("max-unavailable")
+			if !setAttestors && !setBudget {
+				return cli.Usagef("pools set-policy: give --join-attestors ('' allows any attestor) or --max-unavailable (0 unsets the budget), or both")
 			}
-			in := apitype.PoolPolicySet{JoinAttestors: []string{}}
-			for _, a := range strings.Split(attestors, ",") {
-				if a = strings.TrimSpace(a); a != "" {
-					in.JoinAttestors = append(in.JoinAttestors, a)
-				}
+			if maxUnavailable < 0 {
+				return cli.Usagef("pools set-policy: --max-unavailable %d: want 1 or more, or 0 to unset", maxUnavailable)
 			}
 			c, err := af.client()
 			if err != nil {
 				return err
+			}
+			// The api sets the whole policy: what the flags do not change is
+			// kept from the policy as it is.
+			cur, err := c.GetPoolPolicy(cmd.Context(), args[0])
+			if err != nil {
+				return fmt.Errorf("pools set-policy: %w", err)
+			}
+			in := apitype.PoolPolicySet{JoinAttestors: cur.JoinAttestors, MaxUnavailable: cur.MaxUnavailable}
+			if setAttestors {
+				in.JoinAttestors = []string{}
+				for _, a := range strings.Split(attestors, ",") {
+					if a = strings.TrimSpace(a); a != "" {
+						in.JoinAttestors = append(in.JoinAttestors, a)
+					}
+				}
+			}
+			if setBudget {
+				in.MaxUnavailable = maxUnavailable
 			}
 			p, err := c.SetPoolPolicy(cmd.Context(), args[0], in)
 			if err != nil {
@@ -271,11 +293,12 @@ anything is written (a token stays unused). A pool without a policy admits every
 			if af.json() {
 				return printJSON(cmd.OutOrStdout(), p)
 			}
-			_, err = fmt.Fprintf(cmd.OutOrStdout(), "pool %s: %s\n", p.Pool, joinAttestors(p))
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "pool %s: %s; disruption budget %s\n", p.Pool, joinAttestors(p), budget(p))
 			return err
 		},
 	}
 	set.Flags().StringVar(&attestors, "join-attestors", "", "comma-separated attestors: join-token, provisioned, discovery, tpm")
+	set.Flags().IntVar(&maxUnavailable, "max-unavailable", 0, "the pool's disruption budget: nodes a rollout may have updating or offline at once (0 unsets it)")
 
 	show := &cobra.Command{
 		Use:   "show P",
@@ -294,7 +317,7 @@ anything is written (a token stays unused). A pool without a policy admits every
 				return printJSON(cmd.OutOrStdout(), p)
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintf(tw, "POOL:\t%s\nJOIN ATTESTORS:\t%s\nUPDATED:\t%s\n", p.Pool, joinAttestors(p), stamp(p.UpdatedAt))
+			fmt.Fprintf(tw, "POOL:\t%s\nJOIN ATTESTORS:\t%s\nDISRUPTION BUDGET:\t%s\nUPDATED:\t%s\n", p.Pool, joinAttestors(p), budget(p), stamp(p.UpdatedAt))
 			return tw.Flush()
 		},
 	}
@@ -316,15 +339,23 @@ anything is written (a token stays unused). A pool without a policy admits every
 				return printJSON(cmd.OutOrStdout(), ps)
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "POOL\tJOIN ATTESTORS\tUPDATED")
+			fmt.Fprintln(tw, "POOL\tJOIN ATTESTORS\tMAX UNAVAILABLE\tUPDATED")
 			for _, p := range ps {
-				fmt.Fprintf(tw, "%s\t%s\t%s\n", p.Pool, joinAttestors(p), stamp(p.UpdatedAt))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", p.Pool, joinAttestors(p), budget(p), stamp(p.UpdatedAt))
 			}
 			return tw.Flush()
 		},
 	}
 	cmd.AddCommand(set, show, list)
 	return cmd
+}
+
+// budget is a pool's disruption budget as the tables say it.
+func budget(p apitype.PoolPolicy) string {
+	if p.MaxUnavailable == 0 {
+		return "1 (not set)"
+	}
+	return strconv.Itoa(p.MaxUnavailable)
 }
 
 func joinAttestors(p apitype.PoolPolicy) string {

@@ -155,7 +155,7 @@ func TestPoolsSetPolicy(t *testing.T) {
 		t.Errorf("an unknown attestor: %d %s", code, errOut)
 	}
 	if code, _, _ = runCLI(t, "", "pools", "set-policy", "pool_tpm"); code != 2 {
-		t.Errorf("set-policy without --join-attestors: exit %d, want 2", code)
+		t.Errorf("set-policy without --join-attestors or --max-unavailable: exit %d, want 2", code)
 	}
 
 	// A token join into the pool, through serve's gateway: refused, token unused.
@@ -185,5 +185,28 @@ func TestPoolsSetPolicy(t *testing.T) {
 	}
 	if _, out, _ = runCLI(t, "", "pools", "list"); strings.Contains(out, "pool_tpm") {
 		t.Errorf("pools list after removing the policy:\n%s", out)
+	}
+	// The disruption budget: set alone it keeps the attestors, set with
+	// them it keeps itself, 0 unsets it, a negative one is a usage error.
+	if code, out, _ = runCLI(t, "", "pools", "set-policy", "pool_tpm", "--join-attestors", "tpm"); code != 0 {
+		t.Fatalf("set-policy tpm: %d %s", code, out)
+	}
+	if code, out, _ = runCLI(t, "", "pools", "set-policy", "pool_tpm", "--max-unavailable", "3"); code != 0 || !strings.Contains(out, "pool pool_tpm: tpm; disruption budget 3") {
+		t.Fatalf("set-policy --max-unavailable 3: %d %s", code, out)
+	}
+	if code, out, _ = runCLI(t, "", "pools", "set-policy", "pool_tpm", "--join-attestors", "tpm,join-token"); code != 0 || !strings.Contains(out, "tpm, join-token; disruption budget 3") {
+		t.Fatalf("set-policy after a budget: %d %s", code, out)
+	}
+	if code, out, _ = runCLI(t, "", "pools", "show", "pool_tpm", "-o", "json"); code != 0 || !strings.Contains(out, `"max_unavailable": 3`) {
+		t.Errorf("pools show -o json: %d %s", code, out)
+	}
+	if code, _, _ = runCLI(t, "", "pools", "set-policy", "pool_tpm", "--max-unavailable", "-1"); code != 2 {
+		t.Errorf("--max-unavailable -1: exit %d, want 2", code)
+	}
+	if code, out, _ = runCLI(t, "", "pools", "set-policy", "pool_tpm", "--max-unavailable", "0", "--join-attestors", ""); code != 0 || !strings.Contains(out, "disruption budget 1 (not set)") {
+		t.Errorf("unset both: %d %s", code, out)
+	}
+	if _, out, _ = runCLI(t, "", "pools", "list"); strings.Contains(out, "pool_tpm") {
+		t.Errorf("pools list after unsetting both:\n%s", out)
 	}
 }
