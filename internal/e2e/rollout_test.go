@@ -214,10 +214,12 @@ func TestSelfUpdateRollout(t *testing.T) {
 		t.Errorf("rollout nodes %+v: want one in each of two waves", ro.Nodes)
 	}
 	for _, n := range nodes {
-		row := cp.node(t, n.id)
-		if row.DaemonVersion != "0.1.1" || !row.Connected || row.DaemonSection == nil || row.DaemonSection.State != protocol.SectionSucceeded {
-			t.Errorf("node %s: %+v (section %+v), want connected on 0.1.1 with the daemon section SUCCEEDED", n.id, row, row.DaemonSection)
-		}
+		// The new binary reports the section once welcomed, maybe just after
+		// the rollout saw it rejoin.
+		cp.waitNode(n.id, 30*time.Second, "connected on 0.1.1 with the daemon section SUCCEEDED", func(r nodeRow) bool {
+			return r.DaemonVersion == "0.1.1" && r.Connected && r.DaemonSection != nil && r.DaemonSection.State == protocol.SectionSucceeded &&
+				r.DaemonSection.Version == "0.1.1"
+		})
 		st := n.update(t)
 		if st.version(st.Current) != "0.1.1" || st.version(st.Previous) != "0.1.0" || st.Floor != 2 || !st.EntrypointLinked || st.Pending != nil {
 			t.Errorf("node %s: bcd update %s: want current 0.1.1, previous 0.1.0 (adopted), floor 2, the entrypoint linked", n.id, st.raw)
