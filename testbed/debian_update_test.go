@@ -557,7 +557,7 @@ func (s *updSteps) noWelcome() {
 		s.fail(fmt.Errorf("%s: the second wave's node left 0.1.1 while the rollout paused: %+v", y.name, nv))
 	}
 	t.Logf("step 2: rollout %s of 0.1.2 paused after %s (%s); %s: %s, %s", id,
-		paused.Round(time.Second), ro.Reason, x.name, s.swapSpan(x), afterDeadline(u, "0.1.2"))
+		paused.Round(time.Second), ro.Reason, x.name, s.swapSpan(x), afterDeadline(u, "0.1.2", n.DaemonSection.Message))
 	s.bc("rollouts", "abort", id)
 
 	// A second rollout, of both nodes at once: x, which failed it, refuses
@@ -599,10 +599,19 @@ func (s *updSteps) noWelcome() {
 	if yState.State != "paused" {
 		s.fail(fmt.Errorf("rollout %s: %s, want paused by the failures", id2, yState.State))
 	}
+	var yMessage string
+	for _, n := range yState.Nodes {
+		if n.Node == y.node {
+			if n.Reason != "UpdateFailed" {
+				s.fail(fmt.Errorf("rollout %s: %s failed with %s %s, want UpdateFailed", id2, y.name, n.Reason, n.Message))
+			}
+			yMessage = n.Message
+		}
+	}
 	uy := s.waitUpdate(y, "0.1.2 failed, back on 0.1.1", 2*time.Minute, func(u labUpdate) bool {
 		return u.failed("0.1.2") && u.currentVersion() == "0.1.1" && !u.pending()
 	})
-	t.Logf("step 2: rollout %s paused (%s); %s: %s, %s", id2, yState.Reason, y.name, s.swapSpan(y), afterDeadline(uy, "0.1.2"))
+	t.Logf("step 2: rollout %s paused (%s); %s: %s, %s", id2, yState.Reason, y.name, s.swapSpan(y), afterDeadline(uy, "0.1.2", yMessage))
 	s.bc("rollouts", "abort", id2)
 }
 
@@ -656,7 +665,7 @@ func (s *updSteps) crashLoop() {
 	ux := s.waitUpdate(x, "0.1.2 failed again, back on 0.1.1", 5*time.Minute, func(u labUpdate) bool {
 		return u.failed("0.1.2") && u.currentVersion() == "0.1.1" && !u.pending()
 	})
-	t.Logf("step 2 (end): %s back from the retried 0.1.2: %s, %s", x.name, s.swapSpan(x), afterDeadline(ux, "0.1.2"))
+	t.Logf("step 2 (end): %s back from the retried 0.1.2: %s, %s", x.name, s.swapSpan(x), afterDeadline(ux, "0.1.2", c.Message))
 }
 
 // refusals is step 4: four manifests each refused with its reason, nothing
@@ -928,13 +937,13 @@ func (s *updSteps) swapSpan(m *updVM) string {
 var deadlineRe = regexp.MustCompile(`deadline (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)`)
 
 // afterDeadline says when the failed version was recorded after the deadline
-// its reason names (both on the machine's clock).
-func afterDeadline(u labUpdate, version string) string {
+// msg (the node's report of it) names, both on the machine's clock.
+func afterDeadline(u labUpdate, version, msg string) string {
 	for _, f := range u.Failed {
 		if !pki.SameVersion(f.Version, version) {
 			continue
 		}
-		if m := deadlineRe.FindStringSubmatch(f.Reason); m != nil {
+		if m := deadlineRe.FindStringSubmatch(msg); m != nil {
 			if d, err := time.Parse(time.RFC3339, m[1]); err == nil {
 				return fmt.Sprintf("swapped back %s after its deadline", f.At.Sub(d).Round(time.Second))
 			}
