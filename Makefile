@@ -46,7 +46,7 @@ test: deps lint
 # machines update themselves from releases scripts/release.sh signed (a rollout in
 # waves, a build that never reaches its Welcome, one that crash-loops, four refused
 # manifests, an install-script rerun). About 10 minutes on 2 cores under TCG, plus
-# TestDebianSelfUpdate's (see README.md).
+# 11–13 for TestDebianSelfUpdate (README.md has the times).
 # The Debian root is cached in .cache/debian (rebuilt when its script changes).
 e2e-debian: deps
 	scripts/build-debian-image.sh >/dev/null
