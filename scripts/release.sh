@@ -20,6 +20,13 @@
 #
 # Environment: VERSION (default 0.1.0-dev; a leading v is dropped from file
 # names, as goreleaser does), DIST (default dist), GO (default go).
+# For the lab's many test releases (testbed's TestDebianSelfUpdate), which
+# need only bcd for one platform:
+#   ARCHES     the platforms (default "amd64 arm64")
+#   PRODUCTS   what to build (default "bcd better-compute bcx-ipmi"; bcd is
+#              always built, and bcx-ipmi only when ./plugins/bcx-ipmi exists)
+#   SIGNER     a better-compute binary to sign with, instead of building one
+#   GOFLAGS    as go build reads it, e.g. -tags=labfault_crash for a lab build
 # It reaches no network beyond the Go module proxy, through go build.
 set -eu
 
@@ -29,12 +36,21 @@ GO=${GO:-go}
 VERSION=${VERSION:-0.1.0-dev}
 DIST=${DIST:-dist}
 PKG=github.com/better-compute/bcd
-ARCHES="amd64 arm64"
+ARCHES=${ARCHES:-amd64 arm64}
+PRODUCTS=${PRODUCTS:-bcd better-compute bcx-ipmi}
 
 v=${VERSION#v}
 case $v in
 '' | *[!0-9A-Za-z.+-]*) echo "release: VERSION $VERSION is not a version" >&2; exit 2 ;;
 esac
+for arch in $ARCHES; do
+	case $arch in
+	amd64 | arm64) ;;
+	*) echo "release: ARCHES names $arch: only amd64 and arm64" >&2; exit 2 ;;
+	esac
+done
+wants() { case " $PRODUCTS " in *" $1 "*) return 0 ;; esac; return 1; }
+
 case $DIST in
 '' | / | . | ..) echo "release: refusing DIST=$DIST" >&2; exit 2 ;;
 esac
@@ -68,14 +84,16 @@ for arch in $ARCHES; do
 	chmod 0755 "$DIST/bcd_${v}_linux_$arch"
 	archive "bcd_${v}_linux_$arch" "$d"
 
-	d=$work/better-compute-$arch
-	mkdir -p "$d"
-	build "$d/better-compute" ./cmd/better-compute "$arch"
-	archive "better-compute_${v}_linux_$arch" "$d"
+	if wants better-compute; then
+		d=$work/better-compute-$arch
+		mkdir -p "$d"
+		build "$d/better-compute" ./cmd/better-compute "$arch"
+		archive "better-compute_${v}_linux_$arch" "$d"
+	fi
 
 	# The plugin ships only as an archive, so a release keeps exactly one
 	# bare binary per platform, bcd's.
-	if [ -d plugins/bcx-ipmi ]; then
+	if wants bcx-ipmi && [ -d plugins/bcx-ipmi ]; then
 		d=$work/bcx-ipmi-$arch
 		mkdir -p "$d"
 		build "$d/bcx-ipmi" ./plugins/bcx-ipmi "$arch"
@@ -88,17 +106,26 @@ done
 	for f in *; do
 		sha256sum "$f" >"$f.sha256"
 	done
-	sha256sum -- *.tar.gz bcd_*_linux_amd64 bcd_*_linux_arm64 | sort -k 2 >checksums.txt
+	bare=''
+	for arch in $ARCHES; do
+		bare="$bare bcd_${v}_linux_$arch"
+	done
+	# shellcheck disable=SC2086 # one word per binary
+	sha256sum -- *.tar.gz $bare | sort -k 2 >checksums.txt
 )
 
 if [ -n "${BCD_RELEASE_KEYS:-}" ]; then
 	: "${BCD_RELEASE_SEQUENCE:?set BCD_RELEASE_SEQUENCE to sign a release}"
-	"$GO" build -trimpath -ldflags "$ldflags" -o "$work/better-compute" ./cmd/better-compute
+	signer=${SIGNER:-}
+	if [ -z "$signer" ]; then
+		signer=$work/better-compute
+		"$GO" build -trimpath -ldflags "$ldflags" -o "$signer" ./cmd/better-compute
+	fi
 	set -- --product bcd --version "$v" --sequence "$BCD_RELEASE_SEQUENCE" --expires "${BCD_RELEASE_EXPIRES:-90d}"
 	for k in $BCD_RELEASE_KEYS; do
 		set -- "$@" --key "$k"
 	done
-	"$work/better-compute" release sign "$@" "$DIST"
+	"$signer" release sign "$@" "$DIST"
 fi
 
 echo "release: $VERSION in $DIST/:"

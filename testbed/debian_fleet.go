@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/better-compute/bcd/controlplane/apitype"
+	"github.com/better-compute/bcd/nodeagent/installscript"
 	"github.com/better-compute/bcd/pki"
 )
 
@@ -49,6 +51,9 @@ type FleetNode struct {
 	Connected     bool   `json:"connected"`
 	SessionID     int64  `json:"session_id"`
 	DaemonVersion string `json:"daemon_version"`
+	DaemonArch    string `json:"daemon_arch"`
+	// DaemonSection is the node's last report on its spec's daemon section.
+	DaemonSection *apitype.SectionStatus `json:"daemon_section"`
 }
 
 // Nodes lists the control plane's nodes.
@@ -63,6 +68,27 @@ func (f *Fleet) Nodes() ([]FleetNode, error) {
 	}
 	return nodes, nil
 }
+
+// Publish puts data on the lab's image server under name (a relative path,
+// atomically, for a machine polling for it through the site's proxy) and
+// returns its URL; PublishURL is that URL before anything is there.
+func (f *Fleet) Publish(name string, data []byte) (string, error) {
+	path := filepath.Join(filepath.Dir(f.imageZst), filepath.FromSlash(name))
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return "", err
+	}
+	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".tmp")
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return "", err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return "", err
+	}
+	return f.PublishURL(name), nil
+}
+
+// PublishURL is the URL at which Publish puts name.
+func (f *Fleet) PublishURL(name string) string { return "http://" + imageAddr + "/" + name }
 
 // MachineNode is the node of the machine's installed OS, as nodes list shows it.
 func (f *Fleet) MachineNode(m *FleetMachine) (FleetNode, bool) {
@@ -173,6 +199,20 @@ type DebianSeed struct {
 	Path string // absolute, in the root
 	Src  string // a file on this machine
 	Mode os.FileMode
+	// Link, instead of Src and Mode, makes Path a symlink to Link (a unit's
+	// wants link, as systemctl enable makes it).
+	Link string
+}
+
+// PlainDebianDisk copies a DebianOS image to disk as a plain Debian, with
+// what the image adds for a deployed node (bcd, its unit and its wants link)
+// taken out, and dirs and files seeded as SeedDebianRoot does: the disk of a
+// machine that an install script sets up.
+func PlainDebianDisk(image, disk string, dirs []string, files []DebianSeed) error {
+	if out, err := exec.Command("cp", "--sparse=always", image, disk).CombinedOutput(); err != nil {
+		return fmt.Errorf("testbed: cp %s: %v: %s", image, err, out)
+	}
+	return SeedDebianRoot(disk, []string{debianUnitWants, installscript.UnitPath, debianBcdPath}, dirs, files)
 }
 
 // SeedDebianRoot writes files into the root of a DebianOS image with debugfs,
@@ -187,6 +227,10 @@ func SeedDebianRoot(img string, remove, dirs []string, files []DebianSeed) error
 		fmt.Fprintf(&cmds, "mkdir %s\nsif %s mode 040700\n", d, d)
 	}
 	for _, s := range files {
+		if s.Link != "" {
+			fmt.Fprintf(&cmds, "symlink %s %s\n", s.Path, s.Link)
+			continue
+		}
 		fmt.Fprintf(&cmds, "write %s %s\nsif %s mode 0%o\nsif %s uid 0\nsif %s gid 0\n", s.Src, s.Path, s.Path, 0o100000|uint32(s.Mode.Perm()), s.Path, s.Path)
 	}
 	cf, err := os.CreateTemp("", "bcd-debugfs-")

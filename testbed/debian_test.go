@@ -65,22 +65,8 @@ const debianCmdline = "root=LABEL=root rw console=ttyS0,115200 panic=30 bcd.prox
 // standard input; it downloads bcd through the site's proxy, checks it, installs
 // the unit, joins and starts bcd.service, and the node shows up ready.
 func TestDebianFleet(t *testing.T) {
-	kernel := needLab(t)
-	for _, tool := range []string{"dnsmasq", "ipmi_sim", "ipmitool", "zstd", "socat", "sgdisk", "syslinux", "objcopy",
-		"mcopy", "mkfs.vfat", "mkfs.ext4", "debugfs", "e2fsck", "git"} {
-		testenv.NeedTool(t, tool)
-	}
-	began := time.Now()
-	dir := t.TempDir()
-	repo := repoRoot(t)
-	bin := buildFleetBinaries(t, dir)
-	ramdisk := buildRamdisk(t, dir)
-
-	image := filepath.Join(dir, "debian.img")
-	sizeMiB, err := DebianOS{Bcd: bin.Bcd, Cmdline: debianCmdline, Repo: repo, Log: testLog{t}}.Build(image)
-	if err != nil {
-		t.Fatal(err)
-	}
+	lab := newDebianLab(t, "ipmi_sim", "ipmitool")
+	kernel, began, dir, repo, bin, ramdisk, image, sizeMiB := lab.kernel, lab.began, lab.dir, lab.repo, lab.bin, lab.ramdisk, lab.image, lab.imageMiB
 	t.Logf("debian image: %d MiB (ready after %s)", sizeMiB, time.Since(began).Round(time.Second))
 
 	// The release the third machine installs: built and signed as an operator
@@ -168,17 +154,12 @@ func TestDebianFleet(t *testing.T) {
 		}
 	}
 	disk := filepath.Join(dir, "script1.img")
-	if out, err := exec.Command("cp", "--sparse=always", image, disk).CombinedOutput(); err != nil {
-		t.Fatalf("cp: %v: %s", err, out)
-	}
-	// A plain Debian: what the image adds for a deployed node goes, and the
-	// script, its token and the control plane's CA come.
-	if err := SeedDebianRoot(disk, []string{debianUnitWants, installscript.UnitPath, debianBcdPath},
-		[]string{"/etc/bcd-lab-install"}, []DebianSeed{
-			{Path: "/etc/bcd-lab-install/install-bcd.sh", Src: filepath.Join(seed, "install-bcd.sh"), Mode: 0o600},
-			{Path: "/etc/bcd-lab-install/join-token", Src: filepath.Join(seed, "join-token"), Mode: 0o600},
-			{Path: "/etc/bcd-lab-install/ca.crt", Src: f.ServingCACert(), Mode: 0o644},
-		}); err != nil {
+	// A plain Debian, and the script, its token and the control plane's CA.
+	if err := PlainDebianDisk(image, disk, []string{"/etc/bcd-lab-install"}, []DebianSeed{
+		{Path: "/etc/bcd-lab-install/install-bcd.sh", Src: filepath.Join(seed, "install-bcd.sh"), Mode: 0o600},
+		{Path: "/etc/bcd-lab-install/join-token", Src: filepath.Join(seed, "join-token"), Mode: 0o600},
+		{Path: "/etc/bcd-lab-install/ca.crt", Src: f.ServingCACert(), Mode: 0o644},
+	}); err != nil {
 		t.Fatal(err)
 	}
 	bootAt := time.Now()
@@ -224,6 +205,35 @@ func TestDebianFleet(t *testing.T) {
 	t.Logf("TestDebianFleet: %s in all", time.Since(began).Round(time.Second))
 }
 
+// debianLab is what every Debian test of the lab starts from: the tools it
+// needs, the binaries built from the tree, the ramdisk and the Debian image.
+type debianLab struct {
+	kernel, dir, repo, ramdisk, image string
+	bin                               FleetBinaries
+	imageMiB                          int
+	began                             time.Time
+}
+
+// newDebianLab checks for the lab's tools (and more), and builds what a
+// Debian test runs.
+func newDebianLab(t *testing.T, more ...string) debianLab {
+	t.Helper()
+	l := debianLab{kernel: needLab(t)}
+	for _, tool := range append([]string{"dnsmasq", "zstd", "socat", "sgdisk", "syslinux", "objcopy", "mcopy", "mkfs.vfat",
+		"mkfs.ext4", "debugfs", "e2fsck", "git"}, more...) {
+		testenv.NeedTool(t, tool)
+	}
+	l.began, l.dir, l.repo = time.Now(), t.TempDir(), repoRoot(t)
+	l.bin = buildFleetBinaries(t, l.dir)
+	l.ramdisk = buildRamdisk(t, l.dir)
+	l.image = filepath.Join(l.dir, "debian.img")
+	var err error
+	if l.imageMiB, err = (DebianOS{Bcd: l.bin.Bcd, Cmdline: debianCmdline, Repo: l.repo, Log: testLog{t}}).Build(l.image); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
 // buildDebianRelease builds and signs the release an install script installs, as
 // an operator cuts one (scripts/release.sh with a key from release keygen), into
 // dir/dist, serve's downloads directory; it returns that and the key's pin.
@@ -235,13 +245,21 @@ func buildDebianRelease(t *testing.T, bin FleetBinaries, repo, dir string) (dist
 	if err != nil {
 		t.Fatalf("release keygen: %v", err)
 	}
-	rel := exec.Command(filepath.Join(repo, "scripts/release.sh"))
-	rel.Dir = repo
-	rel.Env = append(os.Environ(), "VERSION="+debianRelease, "DIST="+dist, "BCD_RELEASE_KEYS="+releaseKey, "BCD_RELEASE_SEQUENCE=1", "BCD_RELEASE_EXPIRES=24h")
-	if out, err := rel.CombinedOutput(); err != nil {
-		t.Fatalf("scripts/release.sh: %v\n%s", err, out)
+	if err := runReleaseScript(repo, "VERSION="+debianRelease, "DIST="+dist, "BCD_RELEASE_KEYS="+releaseKey, "BCD_RELEASE_SEQUENCE=1", "BCD_RELEASE_EXPIRES=24h"); err != nil {
+		t.Fatal(err)
 	}
 	return dist, strings.TrimSpace(string(pinOut))
+}
+
+// runReleaseScript runs scripts/release.sh with env added to the test's.
+func runReleaseScript(repo string, env ...string) error {
+	rel := exec.Command(filepath.Join(repo, "scripts/release.sh"))
+	rel.Dir = repo
+	rel.Env = append(os.Environ(), env...)
+	if out, err := rel.CombinedOutput(); err != nil {
+		return fmt.Errorf("scripts/release.sh %s: %v\n%s", strings.Join(env, " "), err, out)
+	}
+	return nil
 }
 
 // logConsole logs the lab's own console lines (bcd-lab: …), the evidence of

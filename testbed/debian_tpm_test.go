@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/better-compute/bcd/internal/testenv"
 	"github.com/better-compute/bcd/nodeagent/installscript"
 	"github.com/better-compute/bcd/pki"
 )
@@ -38,20 +37,8 @@ import (
 //   - notpm has no TPM: the script stops before installing anything, with its
 //     message, non-zero.
 func TestDebianTPM(t *testing.T) {
-	kernel := needLab(t)
-	for _, tool := range []string{"dnsmasq", "zstd", "socat", "sgdisk", "syslinux", "objcopy", "mcopy", "mkfs.vfat",
-		"mkfs.ext4", "debugfs", "e2fsck", "git", "swtpm"} {
-		testenv.NeedTool(t, tool)
-	}
-	began := time.Now()
-	dir := t.TempDir()
-	repo := repoRoot(t)
-	bin := buildFleetBinaries(t, dir)
-	ramdisk := buildRamdisk(t, dir)
-	image := filepath.Join(dir, "debian.img")
-	if _, err := (DebianOS{Bcd: bin.Bcd, Cmdline: debianCmdline, Repo: repo, Log: testLog{t}}).Build(image); err != nil {
-		t.Fatal(err)
-	}
+	lab := newDebianLab(t, "swtpm")
+	kernel, began, dir, repo, bin, ramdisk, image := lab.kernel, lab.began, lab.dir, lab.repo, lab.bin, lab.ramdisk, lab.image
 	dist, releasePin := buildDebianRelease(t, bin, repo, dir)
 
 	f := &Fleet{Dir: filepath.Join(dir, "lab"), Bin: bin, Kernel: kernel, Ramdisk: ramdisk, Image: image, Log: testLog{t},
@@ -129,9 +116,6 @@ func TestDebianTPM(t *testing.T) {
 	}
 	for _, m := range all {
 		disk := filepath.Join(dir, m.name+".img")
-		if out, err := exec.Command("cp", "--sparse=always", image, disk).CombinedOutput(); err != nil {
-			t.Fatalf("cp: %v: %s", err, out)
-		}
 		files := []DebianSeed{
 			{Path: "/etc/bcd-lab-install/install-bcd.sh", Src: filepath.Join(seed, "install-bcd.sh"), Mode: 0o600},
 			{Path: "/etc/bcd-lab-install/ca.crt", Src: f.ServingCACert(), Mode: 0o644},
@@ -141,8 +125,7 @@ func TestDebianTPM(t *testing.T) {
 			files = append(files, DebianSeed{Path: "/etc/bcd-lab-install/rerun", Src: filepath.Join(seed, "rerun"), Mode: 0o600})
 		}
 		// A plain Debian without bcd; no join token anywhere.
-		if err := SeedDebianRoot(disk, []string{debianUnitWants, installscript.UnitPath, debianBcdPath},
-			[]string{"/etc/bcd-lab-install"}, files); err != nil {
+		if err := PlainDebianDisk(image, disk, []string{"/etc/bcd-lab-install"}, files); err != nil {
 			t.Fatal(err)
 		}
 		m.bootAt = time.Now()

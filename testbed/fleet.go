@@ -72,6 +72,8 @@ type Fleet struct {
 	// reach besides the gateway, the boot server and the image server, such as
 	// the api for an install script's downloads.
 	ProxyAllow []string
+	// ServeArgs are more flags for better-compute serve (--release-pins).
+	ServeArgs []string
 
 	mgmt, site, dhcpNS *Netns
 	serve, siteAgent   *Process
@@ -226,6 +228,7 @@ func (f *Fleet) StartControlPlane(ctx context.Context) error {
 	if f.Downloads != "" {
 		args = append(args, "--downloads-dir", f.Downloads)
 	}
+	args = append(args, f.ServeArgs...)
 	cmd := f.mgmt.Command(f.Bin.BetterCompute, args...)
 	var err error
 	if f.serve, err = StartProcess("better-compute serve", cmd, filepath.Join(f.Dir, "logs", "serve.log")); err != nil {

@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/better-compute/bcd/controlplane/apitype"
 )
 
 var (
@@ -212,6 +214,8 @@ type nodeRow struct {
 	Pool          string `json:"pool"`
 	// CertNotAfter is the node certificate's expiry as the store has it.
 	CertNotAfter time.Time `json:"cert_not_after"`
+	// DaemonSection is the node's last report on its daemon section.
+	DaemonSection *apitype.SectionStatus `json:"daemon_section"`
 }
 
 func (cp *controlPlane) nodes() []nodeRow {
