@@ -187,7 +187,11 @@ func TestTFTPFaults(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			s, addr := startTFTP(t, root, func(s *TFTPServer) { s.Timeout = 50 * time.Millisecond })
+			// The faults are the only reason to retransmit: a timeout long
+			// enough that a loaded machine (make test boots VMs beside this)
+			// never stalls the client past it, short enough that the three
+			// lost blocks cost under a second.
+			s, addr := startTFTP(t, root, func(s *TFTPServer) { s.Timeout = 300 * time.Millisecond })
 			c := newScriptedTFTP(t)
 			if tc.setup != nil {
 				tc.setup(c)
