@@ -5,7 +5,25 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/better-compute/bcd/internal/buildmode"
 )
+
+// fakeHWRefuses is what the systemd tests check in a fakehw build (make test
+// runs this package with -tags fakehw too): such a build never writes the
+// rollback unit, so New refuses Options.Systemd, and the test ends there.
+func fakeHWRefuses(t *testing.T) bool {
+	t.Helper()
+	if !buildmode.FakeHW {
+		return false
+	}
+	h := newHost(t)
+	h.opts.Systemd = true
+	if _, err := New(h.opts); err == nil || !strings.Contains(err.Error(), "a fakehw build never writes the systemd rollback unit") {
+		t.Fatalf("New with Systemd in a fakehw build: %v, want the refusal", err)
+	}
+	return true
+}
 
 // fakeSystemctl puts a systemctl on PATH that records its arguments. It
 // stands in for systemd, which does not run in the test environment: the
@@ -34,6 +52,9 @@ func calls(t *testing.T, log string) []string {
 // and the drop-in and reloads; a later update with the same content writes
 // nothing and does not reload; a changed drop-in is rewritten.
 func TestSystemdRollbackUnit(t *testing.T) {
+	if fakeHWRefuses(t) {
+		return
+	}
 	log := fakeSystemctl(t)
 	h := newHost(t)
 	h.opts.Systemd = true
@@ -90,6 +111,9 @@ func TestSystemdRollbackUnit(t *testing.T) {
 // TestSystemdReloadFails: a failed daemon-reload fails the swap before
 // current moves.
 func TestSystemdReloadFails(t *testing.T) {
+	if fakeHWRefuses(t) {
+		return
+	}
 	dir := t.TempDir()
 	must(t, os.WriteFile(filepath.Join(dir, "systemctl"), []byte("#!/bin/sh\necho 'Failed to connect to bus' >&2\nexit 1\n"), 0o755))
 	t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
