@@ -322,7 +322,7 @@ func finish(dataDir string, p *pending, hook func(string)) (*Identity, error) {
 		if err := os.Rename(filepath.Join(dataDir, KeyNextFile), filepath.Join(dataDir, KeyFile)); err != nil {
 			return nil, fmt.Errorf("renewal: promote %s: %w", KeyNextFile, err)
 		}
-		if err := syncDir(dataDir); err != nil {
+		if err := pki.SyncDir(dataDir); err != nil {
 			return nil, fmt.Errorf("renewal: promote %s: %w", KeyNextFile, err)
 		}
 	}
@@ -355,15 +355,6 @@ func FinishRenewal(dataDir string, keys KeyStore) (*Identity, error) {
 		return nil, nil
 	}
 	return finish(dataDir, p, nil)
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 // post sends the renewal over mutual TLS with cur. Network trouble and a busy

@@ -231,7 +231,7 @@ func writeNewDir(dir string, files []bundleFile) (err error) {
 	if err := os.Rename(tmp, dir); err != nil {
 		return fmt.Errorf("move bundle into place: %w", err)
 	}
-	return syncDir(parent)
+	return SyncDir(parent)
 }
 
 // writeIntoEmptyDir fills an existing empty dir (say, a mounted volume that

@@ -53,11 +53,12 @@ func WriteFileAtomic(path string, data []byte, mode os.FileMode) (err error) {
 	if err = os.Rename(tmp, path); err != nil {
 		return err
 	}
-	return syncDir(dir)
+	return SyncDir(dir)
 }
 
-// syncDir makes a rename or create in dir durable.
-func syncDir(dir string) error {
+// SyncDir makes a rename, create or remove in dir durable (fsync of the
+// directory): the one home for it, beside WriteFileAtomic.
+func SyncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
 		return err

@@ -271,7 +271,7 @@ func removeRecord(path string) error {
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("selfupdate: %w", err)
 	}
-	return syncDir(filepath.Dir(path))
+	return pki.SyncDir(filepath.Dir(path))
 }
 
 // floor is the release floor: the config's and update.json's, the higher.
@@ -323,20 +323,4 @@ func (m *Manager) lock() (func(), error) {
 		return nil, fmt.Errorf("selfupdate: lock %s: %w", path, err)
 	}
 	return func() { f.Close() }, nil
-}
-
-// syncDir makes a rename, create or remove in dir durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("selfupdate: %w", err)
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("selfupdate: sync directory %s: %w", dir, err)
-	}
-	return nil
 }

@@ -10,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+
+	"github.com/better-compute/bcd/pki"
 )
 
 // linkedSlot returns the slot the link name in the slots directory points
@@ -67,7 +69,7 @@ func replaceSymlink(dir, name, target string) error {
 		os.Remove(tmp)
 		return fmt.Errorf("selfupdate: %w", err)
 	}
-	return syncDir(dir)
+	return pki.SyncDir(dir)
 }
 
 func (m *Manager) link(name, slot string) error {

@@ -8,6 +8,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"github.com/better-compute/bcd/pki"
 )
 
 // tempCopy is a binary being written: the bytes go to a temporary file
@@ -57,7 +59,7 @@ func (c *tempCopy) commit(name string, mode fs.FileMode) error {
 		os.Remove(c.f.Name())
 		return fmt.Errorf("selfupdate: write %s: %w", filepath.Join(dir, name), err)
 	}
-	return syncDir(dir)
+	return pki.SyncDir(dir)
 }
 
 // abort removes the temporary file.
