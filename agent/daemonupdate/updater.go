@@ -75,11 +75,28 @@ func ForConfig(c *config.Config, configPath string, log *slog.Logger, edit ...fu
 	return New(o)
 }
 
+// Privileged is the half of self-update that keeps the slots and records: a
+// *selfupdate.Manager in process on a root node and on a site agent, bcd
+// helper's client on an unprivileged node (nodeagent/helper), whose
+// Prepare asks the helper to verify and downloads into <data_dir>/staging
+// itself, and whose Swap has the helper verify again and install.
+type Privileged interface {
+	Resume() (selfupdate.Outcome, error)
+	Prepare(ctx context.Context, sec protocol.DaemonSection, serverNow time.Time) (*selfupdate.Plan, error)
+	Swap(ctx context.Context, p *selfupdate.Plan, commandID string, revision int64) error
+	Confirm() (selfupdate.Outcome, error)
+	SwapBack(why string) error
+	// Exec replaces this process with the entrypoint after a swap.
+	Exec() error
+}
+
+var _ Privileged = (*selfupdate.Manager)(nil)
+
 // Updater is one daemon's self-update. Make it with New or ForConfig, call Start
 // once the session and its journal exist and before the session runs, and wire
 // OnWelcome, OnSpec and Upgrade into the session.
 type Updater struct {
-	m       *selfupdate.Manager
+	m       Privileged
 	off     error // why m is nil, or why Resume failed: every release is refused with it
 	running string
 	log     *slog.Logger
@@ -122,9 +139,21 @@ func New(o selfupdate.Options) *Updater {
 	if err != nil {
 		return disabled(err, o.Running, o.Logger)
 	}
-	u := disabled(nil, o.Running, o.Logger)
-	u.m = m
+	return NewWith(m, o.Running, o.Logger)
+}
+
+// NewWith makes an updater on p for a process running version running (an
+// unprivileged node's: p is bcd helper's client).
+func NewWith(p Privileged, running string, log *slog.Logger) *Updater {
+	u := disabled(nil, running, log)
+	u.m = p
 	return u
+}
+
+// Disabled is an updater that refuses every release with err: a daemon whose
+// self-update cannot work (bcd helper's client could not be made).
+func Disabled(err error, running string, log *slog.Logger) *Updater {
+	return disabled(err, running, log)
 }
 
 func disabled(err error, running string, log *slog.Logger) *Updater {

@@ -272,7 +272,7 @@ func TestSectionSwapsAndConfirms(t *testing.T) {
 	f.want() // the Welcome's spec: already reported
 	spec(neu, 6, sec)
 	f.want("section 6 SUCCEEDED  0.2.0: bcd 0.2.0 is running")
-	st, err := neu.m.Status()
+	st, err := neu.m.(*selfupdate.Manager).Status()
 	if err != nil || st.Floor != 20 || st.Pending != nil || st.Current != "b" {
 		t.Errorf("status %+v, %v", st, err)
 	}

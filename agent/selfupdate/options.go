@@ -55,6 +55,12 @@ type Options struct {
 	// RequireRoot makes adoption take only a root-owned entrypoint that
 	// group and others cannot write (set when running as root).
 	RequireRoot bool
+	// CheckStagedOwner makes a swap take only a staged file that
+	// StagedOwner's uid owns: bcd helper sets it to the node user's uid, so
+	// that a file the node did not write (root's, another user's) is never
+	// installed (spec, c139b9c).
+	CheckStagedOwner bool
+	StagedOwner      int
 	// Deadline is how long a swapped binary has for its first Welcome;
 	// 0 = DefaultDeadline.
 	Deadline time.Duration
@@ -174,3 +180,19 @@ func New(o Options) (*Manager, error) {
 }
 
 func (m *Manager) now() time.Time { return m.o.Now() }
+
+// ForRunning is m for a process that runs version v: bcd helper's Manager
+// answers the node's Resume, Confirm and Swap for the node's version, not
+// its own (the helper keeps running the binary it started from until it
+// restarts).
+func (m *Manager) ForRunning(v string) (*Manager, error) {
+	if !builtVersionRE.MatchString(v) {
+		return nil, fmt.Errorf("selfupdate: the running version %q is not a version", v)
+	}
+	c := *m
+	c.o.Running = v
+	return &c, nil
+}
+
+// Options is what m was made with, defaults filled.
+func (m *Manager) Options() Options { return m.o }

@@ -21,20 +21,30 @@ import (
 // Product is the product a bcd release manifest must name.
 const Product = "bcd"
 
-// Plan is a verified update, ready for Swap.
+// Plan is a verified update, ready for Stage and Swap. It crosses bcd
+// helper's socket (Verify runs in the helper, Stage in the unprivileged
+// node), so its fields are exported; the helper never takes a Plan from the
+// node: its swap verifies the section again under its own pins and floor.
 type Plan struct {
 	// Version is the release to swap to.
-	Version string
+	Version string `json:"version"`
 	// Sequence is its manifest sequence.
-	Sequence int64
+	Sequence int64 `json:"sequence"`
+	// FromSlot is set when the other slot already holds the release
+	// (step 5): nothing is downloaded.
+	FromSlot string `json:"from_slot,omitempty"`
+	// Staged, Size and SHA256 are the staged binary's file name in
+	// <data_dir>/staging and its size and digest as the manifest lists them.
+	Staged string `json:"staged,omitempty"`
+	Size   int64  `json:"size,omitempty"`
+	SHA256 string `json:"sha256,omitempty"`
+	// URL is where Stage downloads it from (https only).
+	URL string `json:"url,omitempty"`
 
-	// fromSlot is set when the other slot already holds the release
-	// (step 5): nothing was downloaded.
-	fromSlot string
-	// name, size and digest of the staged binary, as the manifest lists it.
-	staged string
-	size   int64
-	sha256 string
+	// Section and ServerNow are what Verify checked, for a swap through the
+	// helper, which verifies them again. Never sent.
+	Section   protocol.DaemonSection `json:"-"`
+	ServerNow time.Time              `json:"-"`
 }
 
 // Prepare verifies sec (step 1) and downloads its binary into staging
@@ -46,6 +56,51 @@ type Plan struct {
 // host's update lock (a download may take minutes, and bcd update --rollback
 // must not wait on it); Swap checks the records again under the lock.
 func (m *Manager) Prepare(ctx context.Context, sec protocol.DaemonSection, serverNow time.Time) (*Plan, error) {
+	p, err := m.Verify(sec, serverNow)
+	if err != nil || p == nil {
+		return nil, err
+	}
+	if err := m.Stage(ctx, p); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// Verify is Prepare without the download: step 1 on sec under this
+// Manager's pins and floor, and step 5's look at the other slot. A nil Plan
+// and nil error: sec names the running version. It changes nothing on the
+// host. bcd helper runs it for an unprivileged node, which then Stages.
+func (m *Manager) Verify(sec protocol.DaemonSection, serverNow time.Time) (*Plan, error) {
+	p, err := m.verifyPlan(sec, serverNow)
+	if p != nil {
+		p.Section, p.ServerNow = sec, serverNow
+	}
+	return p, err
+}
+
+// Stage downloads a verified Plan's binary into <data_dir>/staging (step 2);
+// a Plan from the other slot needs nothing.
+func (m *Manager) Stage(ctx context.Context, p *Plan) error {
+	if p == nil {
+		return errors.New("selfupdate: stage: no plan")
+	}
+	if p.FromSlot != "" {
+		return nil
+	}
+	if p.Staged != StagedName(p.Version) || p.Size <= 0 || !hexSHA256.MatchString(p.SHA256) {
+		return errors.New("selfupdate: stage: the plan names no verified binary")
+	}
+	if err := m.download(ctx, p.URL, p); err != nil {
+		return err
+	}
+	m.log.Info("self-update: staged a verified release", "version", p.Version, "sequence", p.Sequence, "size", p.Size)
+	return nil
+}
+
+// StagedName is the staged binary's file name in <data_dir>/staging.
+func StagedName(version string) string { return "bcd-" + strings.TrimPrefix(version, "v") }
+
+func (m *Manager) verifyPlan(sec protocol.DaemonSection, serverNow time.Time) (*Plan, error) {
 	if len(m.o.Pins) == 0 {
 		return nil, refuse(CodeNoReleasePins, "[update] release_pins is empty: bcd takes no binary without pinned release keys")
 	}
@@ -84,13 +139,8 @@ func (m *Manager) Prepare(ctx context.Context, sec protocol.DaemonSection, serve
 	if art.Size > m.o.MaxSize {
 		return nil, refuse(CodeTooLarge, "%s is %d bytes, more than the %d-byte limit", art.Name, art.Size, m.o.MaxSize)
 	}
-	p := &Plan{Version: strings.TrimPrefix(sec.Version, "v"), Sequence: seq, size: art.Size, sha256: art.SHA256}
-	p.staged = "bcd-" + p.Version
-	if err := m.download(ctx, sec.URL, p); err != nil {
-		return nil, err
-	}
-	m.log.Info("self-update: staged a verified release", "version", p.Version, "sequence", p.Sequence, "size", p.size)
-	return p, nil
+	return &Plan{Version: strings.TrimPrefix(sec.Version, "v"), Sequence: seq, Size: art.Size, SHA256: art.SHA256,
+		Staged: StagedName(sec.Version), URL: sec.URL}, nil
 }
 
 // fromOtherSlot is step 5: the other slot's binary is taken without a
@@ -112,7 +162,7 @@ func (m *Manager) fromOtherSlot(sec protocol.DaemonSection, floor int64) (*Plan,
 	}
 	switch {
 	case other.Sequence > 0 && other.Sequence >= floor:
-		return &Plan{Version: strings.TrimPrefix(sec.Version, "v"), Sequence: other.Sequence, fromSlot: otherSlot(current)}, nil
+		return &Plan{Version: strings.TrimPrefix(sec.Version, "v"), Sequence: other.Sequence, FromSlot: otherSlot(current)}, nil
 	case other.Sequence > 0:
 		return nil, &Refusal{Code: pki.ErrReleaseRollback.Error(), Err: pki.ErrReleaseRollback, Message: fmt.Sprintf(
 			"bcd %s in slot %s has sequence %d, below the release floor %d", sec.Version, SlotFile(otherSlot(current)), other.Sequence, floor)}
@@ -189,11 +239,11 @@ func (m *Manager) download(ctx context.Context, rawURL string, p *Plan) error {
 	if resp.StatusCode != http.StatusOK {
 		return refuse(CodeDownloadFailed, "%s: HTTP %s", human.ShortN(rawURL, 200), resp.Status)
 	}
-	if resp.ContentLength >= 0 && resp.ContentLength != p.size {
-		return refuse(CodeSizeMismatch, "%s: Content-Length %d, the manifest says %d bytes", human.ShortN(rawURL, 200), resp.ContentLength, p.size)
+	if resp.ContentLength >= 0 && resp.ContentLength != p.Size {
+		return refuse(CodeSizeMismatch, "%s: Content-Length %d, the manifest says %d bytes", human.ShortN(rawURL, 200), resp.ContentLength, p.Size)
 	}
 	body := &idleReader{r: resp.Body, watchdog: watchdog, idle: idle}
-	c, err := copyToTemp(dir, p.staged, body, p.size)
+	c, err := copyToTemp(dir, p.Staged, body, p.Size)
 	// A body cut off by the watchdog may read as a short one: the cause
 	// says which it was.
 	if err != nil || context.Cause(ctx) != nil {
@@ -203,19 +253,19 @@ func (m *Manager) download(ctx context.Context, rawURL string, p *Plan) error {
 		return fail(err)
 	}
 	switch {
-	case c.n > p.size:
+	case c.n > p.Size:
 		c.abort()
-		return refuse(CodeSizeMismatch, "%s: more than the manifest's %d bytes", human.ShortN(rawURL, 200), p.size)
-	case c.n < p.size:
+		return refuse(CodeSizeMismatch, "%s: more than the manifest's %d bytes", human.ShortN(rawURL, 200), p.Size)
+	case c.n < p.Size:
 		c.abort()
-		return refuse(CodeSizeMismatch, "%s: %d bytes, the manifest says %d", human.ShortN(rawURL, 200), c.n, p.size)
-	case c.sha256 != p.sha256:
+		return refuse(CodeSizeMismatch, "%s: %d bytes, the manifest says %d", human.ShortN(rawURL, 200), c.n, p.Size)
+	case c.sha256 != p.SHA256:
 		c.abort()
-		return refuse(CodeDigestMismatch, "%s: sha256 %s, the manifest says %s", human.ShortN(rawURL, 200), c.sha256, p.sha256)
+		return refuse(CodeDigestMismatch, "%s: sha256 %s, the manifest says %s", human.ShortN(rawURL, 200), c.sha256, p.SHA256)
 	}
 	// The staged file is read back only by Swap, as root or by the helper:
 	// 0600 in the 0700 staging directory.
-	return c.commit(p.staged, 0o600)
+	return c.commit(p.Staged, 0o600)
 }
 
 // idleReader restarts the watchdog whenever bytes arrive.

@@ -63,7 +63,7 @@ func (m *Manager) Swap(ctx context.Context, p *Plan, commandID string, revision 
 	if err != nil {
 		return err
 	}
-	if p.fromSlot != "" {
+	if p.FromSlot != "" {
 		if err := m.checkOtherSlot(p, to, slots); err != nil {
 			return err
 		}
@@ -120,7 +120,7 @@ func (m *Manager) undoUpgrade(cause error) error {
 // what slots.json says: the version, and the bytes recorded.
 func (m *Manager) checkOtherSlot(p *Plan, to string, slots slotsRecord) error {
 	rec, ok := slots.Slots[to]
-	if p.fromSlot != to || !ok || !pki.SameVersion(rec.Version, p.Version) || rec.Sequence != p.Sequence {
+	if p.FromSlot != to || !ok || !pki.SameVersion(rec.Version, p.Version) || rec.Sequence != p.Sequence {
 		return refuse(CodeSlotsRefused, "slot %s no longer holds bcd %s as prepared", SlotFile(to), p.Version)
 	}
 	got, err := m.hashSlot(to)
@@ -164,15 +164,15 @@ func (m *Manager) installStaged(p *Plan, slot string) (Slot, error) {
 	if opened, err := staging.Stat("."); err != nil || !os.SameFile(opened, dirInfo) {
 		return Slot{}, refuse(CodeStagingRefused, "the staging directory %s changed while it was opened", filepath.Join(m.o.DataDir, StagingDir))
 	}
-	path := filepath.Join(m.o.DataDir, StagingDir, p.staged)
-	li, err := staging.Lstat(p.staged)
+	path := filepath.Join(m.o.DataDir, StagingDir, p.Staged)
+	li, err := staging.Lstat(p.Staged)
 	if err != nil {
 		return Slot{}, refuse(CodeStagingRefused, "the staged file: %v", err)
 	}
 	if li.Mode()&fs.ModeSymlink != 0 {
 		return Slot{}, refuse(CodeStagingRefused, "the staged file %s is a symlink", path)
 	}
-	f, err := staging.OpenFile(p.staged, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
+	f, err := staging.OpenFile(p.Staged, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
 	if err != nil {
 		return Slot{}, refuse(CodeStagingRefused, "the staged file: %v", err)
 	}
@@ -190,11 +190,16 @@ func (m *Manager) installStaged(p *Plan, slot string) (Slot, error) {
 	if st, ok := fi.Sys().(*syscall.Stat_t); !ok || st.Nlink != 1 {
 		return Slot{}, refuse(CodeStagingRefused, "the staged file %s has %d links; it must have one", path, linksOf(fi))
 	}
-	written, err := m.writeSlot(io.Reader(f), slot, p.size, p.sha256)
+	if m.o.CheckStagedOwner {
+		if uid := ownerOf(fi); uid != int64(m.o.StagedOwner) {
+			return Slot{}, refuse(CodeStagingRefused, "the staged file %s is owned by uid %d, not the node's uid %d", path, uid, m.o.StagedOwner)
+		}
+	}
+	written, err := m.writeSlot(io.Reader(f), slot, p.Size, p.SHA256)
 	if err != nil {
 		return Slot{}, err
 	}
-	if err := staging.Remove(p.staged); err != nil {
+	if err := staging.Remove(p.Staged); err != nil {
 		m.log.Warn("self-update: could not remove the staged file", "path", path, "err", err)
 	}
 	return written, nil
