@@ -15,8 +15,10 @@ import (
 	"github.com/better-compute/bcd/agent"
 	"github.com/better-compute/bcd/agent/agenttest"
 	"github.com/better-compute/bcd/agent/journal"
+	"github.com/better-compute/bcd/agent/selfupdate"
 	"github.com/better-compute/bcd/config"
 	"github.com/better-compute/bcd/internal/version"
+	"github.com/better-compute/bcd/nodeagent/helper"
 	"github.com/better-compute/bcd/protocol"
 )
 
@@ -238,11 +240,11 @@ func unixClient(path string) *http.Client {
 }
 
 func TestStatusSocket(t *testing.T) {
-	for _, helper := range []bool{false, true} {
+	for _, underHelper := range []bool{false, true} {
 		f := newNodeFixture(t, protocol.RoleNode)
 		sock := SocketPath(f.cfg)
-		if helper {
-			f.cfg.Helper = &config.Helper{User: "bcd"}
+		if underHelper {
+			f.cfg.Helper = &config.Helper{User: "bcd", Socket: standInHelper(t)}
 		}
 		// A stale socket from a crashed run: nobody answers, so it is replaced.
 		ln, err := net.Listen("unix", sock)
@@ -258,11 +260,11 @@ func TestStatusSocket(t *testing.T) {
 			t.Fatal(err)
 		}
 		want := os.FileMode(0o600)
-		if helper {
+		if underHelper {
 			want = 0o660
 		}
 		if fi.Mode().Perm() != want {
-			t.Errorf("helper=%v: socket mode %04o, want %04o", helper, fi.Mode().Perm(), want)
+			t.Errorf("underHelper=%v: socket mode %04o, want %04o", underHelper, fi.Mode().Perm(), want)
 		}
 		client := unixClient(sock)
 		var st Status
@@ -294,4 +296,28 @@ func TestStatusSocketRefusesNonSocket(t *testing.T) {
 	if _, err := listenStatus(path, false); err == nil || !strings.Contains(err.Error(), "not a socket") {
 		t.Fatalf("listenStatus over a file = %v", err)
 	}
+}
+
+// standInHelper answers update.resume with "no update under way" on a unix
+// socket, the one call a node under [helper] makes before its session runs.
+// It stands in for bcd helper (nodeagent/helper's tests and internal/e2e run
+// the real one); every other operation fails the test.
+func standInHelper(t *testing.T) string {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "helper.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != helper.PathPrefix+helper.OpUpdateResume {
+			t.Errorf("the node called %s on the stand-in helper", r.URL.Path)
+			http.Error(w, `{"code":"HELPER_UNKNOWN_OP","message":"not in this stand-in"}`, http.StatusNotFound)
+			return
+		}
+		json.NewEncoder(w).Encode(helper.OutcomeResponse{Outcome: selfupdate.Outcome{State: selfupdate.None}})
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return sock
 }
