@@ -21,10 +21,6 @@ import (
 	"github.com/better-compute/bcd/nodeagent/helper"
 )
 
-// EnvFakeHWRebootFile names the file a fakehw bcd helper appends a line to
-// instead of rebooting the machine; without it a fakehw reboot fails.
-const EnvFakeHWRebootFile = "BCD_FAKEHW_HELPER_REBOOT_FILE"
-
 // helperHooks lets tests change the server before it runs; the binary leaves
 // it nil.
 var helperHooks func(*helper.Server)
@@ -80,15 +76,15 @@ func runHelper(cmd *cobra.Command, path string) error {
 	if buildmode.FakeHW {
 		// A development build never reboots the machine it runs on.
 		srv.RebootReady = func() error {
-			if os.Getenv(EnvFakeHWRebootFile) == "" {
-				return fmt.Errorf("a fakehw bcd helper never reboots the machine, and %s is not set to a file to record the reboot in", EnvFakeHWRebootFile)
+			if os.Getenv(helper.EnvFakeHWRebootFile) == "" {
+				return fmt.Errorf("a fakehw bcd helper never reboots the machine, and %s is not set to a file to record the reboot in", helper.EnvFakeHWRebootFile)
 			}
 			return nil
 		}
 		srv.Reboot = func() error {
-			name := os.Getenv(EnvFakeHWRebootFile)
+			name := os.Getenv(helper.EnvFakeHWRebootFile)
 			if name == "" {
-				return fmt.Errorf("%s is not set", EnvFakeHWRebootFile)
+				return fmt.Errorf("%s is not set", helper.EnvFakeHWRebootFile)
 			}
 			f, err := os.OpenFile(name, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
 			if err != nil {

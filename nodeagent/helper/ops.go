@@ -18,6 +18,11 @@ import (
 	"github.com/better-compute/bcd/internal/buildmode"
 )
 
+// EnvFakeHWRebootFile names the file a fakehw bcd helper appends a line to
+// instead of rebooting the machine (bcd helper's command reads it); without
+// it a fakehw reboot fails.
+const EnvFakeHWRebootFile = "BCD_FAKEHW_HELPER_REBOOT_FILE"
+
 // maxKeys bounds the loaded TPM keys kept: a node has one node key, two
 // during a renewal.
 const maxKeys = 8

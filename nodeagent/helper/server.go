@@ -71,6 +71,8 @@ type Server struct {
 	reexec   chan struct{}
 	reOnce   sync.Once
 	sockInfo fs.FileInfo // the socket this server placed, to remove only that one
+	// onFired, for tests, hears each watchdog firing and whether it swapped back.
+	onFired func(swappedBack bool)
 }
 
 // NewServer makes the helper for c (already checked by StartupProblems):

@@ -56,6 +56,10 @@ func (s *Server) stopWatchdog() {
 // watchdogFired swaps back the update id if it is still pending and not
 // swapped back, and restarts bcd.service so the node runs the old binary.
 func (s *Server) watchdogFired(id string) {
+	acted := false
+	if s.onFired != nil {
+		defer func() { s.onFired(acted) }()
+	}
 	s.mu.Lock()
 	if s.wdFor != id {
 		s.mu.Unlock()
@@ -78,6 +82,7 @@ func (s *Server) watchdogFired(id string) {
 		s.Logger.Error("bcd helper: the watchdog could not swap back", "version", p.Version, "err", err.Error())
 		return
 	}
+	acted = true
 	if s.RestartNode == nil {
 		s.Logger.Error("bcd helper: swapped back, but cannot restart bcd.service: restart bcd node by hand", "version", p.Version)
 		return
