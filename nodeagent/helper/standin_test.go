@@ -15,12 +15,14 @@ import (
 	"github.com/better-compute/bcd/agent/tpm"
 )
 
-// standIn stands in for bcd helper, which nodeagent/helper's server (another
-// branch) implements: an HTTP/1.1 server on a unix socket that implements only
-// the wire contract (POST /v1/<op>, JSON, errors as {"code","message",
-// "refusal"}) and records every request, so the node's adapters are tested
-// for what they send. Its tpm.* operations use a real TPM (swtpm) when tpm is
-// set; answer, when set for an op, replaces the operation (an error, a plan).
+// standIn stands in for bcd helper: an HTTP/1.1 server on a unix socket
+// that implements only the wire contract (POST /v1/<op>, JSON, errors as
+// {"code","message","refusal"}) and records every request, so the node's
+// adapters are tested for exactly what they send, and against answers the
+// real Server never gives (a signature by another key, any refusal code).
+// *_server_test.go runs the same adapters against the real Server. Its tpm.*
+// operations use a real TPM (swtpm) when tpm is set; answer, when set for an
+// op, replaces the operation.
 type standIn struct {
 	t      *testing.T
 	socket string
