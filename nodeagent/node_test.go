@@ -303,6 +303,12 @@ func TestStatusSocketRefusesNonSocket(t *testing.T) {
 // It stands in for bcd helper (nodeagent/helper's tests and internal/e2e run
 // the real one); every other operation fails the test.
 func standInHelper(t *testing.T) string {
+	return standInHelperWith(t, nil)
+}
+
+// standInHelperWith is standInHelper that also answers reboot with reboot's
+// status and error (0: the operation is unexpected).
+func standInHelperWith(t *testing.T, reboot func() (int, *helper.Error)) string {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "helper.sock")
 	ln, err := net.Listen("unix", sock)
@@ -310,14 +316,64 @@ func standInHelper(t *testing.T) string {
 		t.Fatal(err)
 	}
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != helper.PathPrefix+helper.OpUpdateResume {
-			t.Errorf("the node called %s on the stand-in helper", r.URL.Path)
-			http.Error(w, `{"code":"HELPER_UNKNOWN_OP","message":"not in this stand-in"}`, http.StatusNotFound)
+		w.Header().Set("Content-Type", "application/json")
+		switch r.URL.Path {
+		case helper.PathPrefix + helper.OpUpdateResume:
+			json.NewEncoder(w).Encode(helper.OutcomeResponse{Outcome: selfupdate.Outcome{State: selfupdate.None}})
 			return
+		case helper.PathPrefix + helper.OpReboot:
+			if reboot != nil {
+				status, e := reboot()
+				w.WriteHeader(status)
+				if e != nil {
+					json.NewEncoder(w).Encode(e)
+				} else {
+					w.Write([]byte("{}"))
+				}
+				return
+			}
 		}
-		json.NewEncoder(w).Encode(helper.OutcomeResponse{Outcome: selfupdate.Outcome{State: selfupdate.None}})
+		t.Errorf("the node called %s on the stand-in helper", r.URL.Path)
+		w.WriteHeader(http.StatusNotFound)
+		json.NewEncoder(w).Encode(helper.Error{Code: helper.CodeUnknownOp, Message: "not in this stand-in"})
 	})}
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
 	return sock
+}
+
+// TestRebootThroughHelper: under [helper], node.reboot is the helper's
+// reboot operation; the helper's answer decides RUNNING (the machine goes
+// down) or FAILED with the helper's reason.
+func TestRebootThroughHelper(t *testing.T) {
+	for _, ok := range []bool{true, false} {
+		f := newNodeFixture(t, protocol.RoleNode)
+		asked := make(chan struct{}, 1)
+		f.cfg.Helper = &config.Helper{User: "bcd", Socket: standInHelperWith(t, func() (int, *helper.Error) {
+			asked <- struct{}{}
+			if ok {
+				return http.StatusOK, nil
+			}
+			return http.StatusInternalServerError, &helper.Error{Code: helper.CodeFailed, Message: "reboot: the test's helper cannot"}
+		})}
+		var got statuses
+		f.g.OnSession = func(ctx context.Context, c *agenttest.Conn) {
+			c.Send(ctx, protocol.FrameCommand, protocol.Command{ID: "cmd_reboot", Kind: protocol.KindNodeReboot})
+			agenttest.AckAll(ctx, c, got.record)
+		}
+		f.start(t, "boot-1", nil)
+		select {
+		case <-asked:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("ok=%v: node.reboot did not reach the helper", ok)
+		}
+		if ok {
+			waitFor(t, "RUNNING", func() bool { return got.find("cmd_reboot", protocol.StateRunning) != nil })
+			continue
+		}
+		waitFor(t, "FAILED", func() bool { return got.find("cmd_reboot", protocol.StateFailed) != nil })
+		if st := got.find("cmd_reboot", protocol.StateFailed); !strings.Contains(st.Message, "through bcd helper") || !strings.Contains(st.Message, "the test's helper cannot") {
+			t.Errorf("FAILED says %q, want the helper's reason", st.Message)
+		}
+	}
 }
