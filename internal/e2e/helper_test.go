@@ -43,7 +43,9 @@ const nobody = 65534
 //  3. nodes reboot reaches the helper's reboot (a fakehw helper writes
 //     BCD_FAKEHW_HELPER_REBOOT_FILE instead);
 //  4. a copy of bcd at another path, as nobody with the same config, is
-//     refused by the helper: its identity does not load (HELPER_PEER_REFUSED).
+//     refused by the helper: its identity does not load (HELPER_PEER_REFUSED);
+//  5. the certificate renewal (one-minute certificates) makes the next node
+//     key in the TPM through the helper, and the session goes on.
 func TestHelperUnprivilegedNode(t *testing.T) {
 	testenv.NeedRoot(t)
 	began := time.Now()
@@ -63,7 +65,9 @@ func TestHelperUnprivilegedNode(t *testing.T) {
 	downloads := t.TempDir()
 	v010 := fakehwVersion(t, "0.1.0", "")
 	r011 := signRelease(t, downloads, key, fakehwVersion(t, "0.1.1", ""), "0.1.1", 2)
-	cp := newControlPlane(t, "--release-pins", pin, "--downloads-dir", downloads)
+	// One-minute certificates: the node renews at about 40 s, its next key
+	// made in the TPM through tpm.create.
+	cp := newControlPlane(t, "--release-pins", pin, "--downloads-dir", downloads, "--cert-lifetime", "1m")
 	cp.mustBC("sites", "create", "fsn1")
 	cp.mustBC("tpm", "enroll", "--site", "fsn1", "--pool", "tpm-pool", "--ek-sha256", tpmattest.EKSHA256(ek.PKIX))
 
@@ -255,6 +259,25 @@ func TestHelperUnprivilegedNode(t *testing.T) {
 	}
 	if !strings.Contains(hp.log.String(), "refused a caller") {
 		t.Errorf("the helper did not log the refused caller")
+	}
+	// 5. The renewal: a new TPM key through the helper, the session kept.
+	deadline = time.Now().Add(90 * time.Second)
+	for {
+		r := cp.node(t, id)
+		if r.CertNotAfter.After(row.CertNotAfter) && r.Connected && strings.Contains(node.log.String(), "node certificate renewed") {
+			break
+		}
+		if time.Now().After(deadline) {
+			fail("no renewal within 90 s of one-minute certificates (node %+v)", r)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	renewedKey, err := os.ReadFile(filepath.Join(h.data, "node.key"))
+	if err != nil || !tpm.IsRecord(renewedKey) || string(renewedKey) == string(nodeKey) {
+		t.Errorf("after the renewal node.key is not a new TPM record (%v, same as the join's: %v)", err, string(renewedKey) == string(nodeKey))
+	}
+	if !strings.Contains(hp.log.String(), "made a node key in the TPM") {
+		t.Errorf("the helper did not make the renewal's key in the TPM")
 	}
 	if t.Failed() {
 		t.Fatalf("serve log:\n%s\n%s", cp.log, logs())
