@@ -139,6 +139,11 @@ func (n *Node) Run(ctx context.Context) error {
 	switch {
 	case errors.Is(err, agent.ErrNotJoined):
 		return fmt.Errorf("bcd node: this machine has not joined (no %s in %s): run bcd join first", agent.IdentityFile, dataDir)
+	case err != nil && hc != nil && helper.IsHelperError(err):
+		// bcd helper answered for the key, not the identity's files: a
+		// join again would not help, so the hint says what would.
+		return fmt.Errorf("bcd node: the identity does not load: %w; the node key is used through bcd helper at %s: check that bcd-helper.service runs and that this is the installed bcd (%s) run as [helper] user %s",
+			err, hc.Socket, helper.Entrypoint(c), helper.UserName(c))
 	case err != nil:
 		return fmt.Errorf("bcd node: the identity does not load: %w; to join again: %s", err, ResetHint)
 	case id.Role != protocol.RoleNode:

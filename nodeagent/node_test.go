@@ -3,6 +3,7 @@ package nodeagent
 import (
 	"context"
 	"encoding/json"
+	"encoding/pem"
 	"net"
 	"net/http"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"github.com/better-compute/bcd/agent/agenttest"
 	"github.com/better-compute/bcd/agent/journal"
 	"github.com/better-compute/bcd/agent/selfupdate"
+	"github.com/better-compute/bcd/agent/tpm"
 	"github.com/better-compute/bcd/config"
 	"github.com/better-compute/bcd/internal/version"
 	"github.com/better-compute/bcd/nodeagent/helper"
@@ -375,5 +377,43 @@ func TestRebootThroughHelper(t *testing.T) {
 		if st := got.find("cmd_reboot", protocol.StateFailed); !strings.Contains(st.Message, "through bcd helper") || !strings.Contains(st.Message, "the test's helper cannot") {
 			t.Errorf("FAILED says %q, want the helper's reason", st.Message)
 		}
+	}
+}
+
+// TestNodeKeyRefusedByHelper: under [helper] a node.key that is a TPM record
+// loads through tpm.load; the helper's refusal stops the node with a message
+// that names the helper, not a join again (the files are fine).
+func TestNodeKeyRefusedByHelper(t *testing.T) {
+	f := newNodeFixture(t, protocol.RoleNode)
+	sock := filepath.Join(t.TempDir(), "helper.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var asked []string
+	var mu sync.Mutex
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		asked = append(asked, r.URL.Path)
+		mu.Unlock()
+		w.WriteHeader(http.StatusForbidden)
+		json.NewEncoder(w).Encode(helper.Error{Code: helper.CodePeerRefused, Message: "the caller runs /elsewhere/bcd: not an installed bcd"})
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	f.cfg.Helper = &config.Helper{User: "bcd", Socket: sock}
+	record := pem.EncodeToMemory(&pem.Block{Type: tpm.NodeKeyPEMType, Headers: map[string]string{"Version": "1"}, Bytes: []byte("not a key")})
+	if err := os.WriteFile(filepath.Join(f.dataDir, agent.KeyFile), record, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err = (&Node{Config: f.cfg, BootID: func() (string, error) { return "b", nil }}).Run(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "the identity does not load") || !strings.Contains(err.Error(), helper.CodePeerRefused) ||
+		!strings.Contains(err.Error(), "check that bcd-helper.service runs") || strings.Contains(err.Error(), ResetHint) {
+		t.Fatalf("Run with the helper refusing = %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(asked) != 1 || asked[0] != helper.PathPrefix+helper.OpTPMLoad {
+		t.Errorf("the node asked the helper %v, want one tpm.load", asked)
 	}
 }
