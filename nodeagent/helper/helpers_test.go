@@ -17,7 +17,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/better-compute/bcd/agent/nodekey"
+	"github.com/better-compute/bcd/agent/tpm"
 	"github.com/better-compute/bcd/config"
+	"github.com/better-compute/bcd/internal/swtpmtest"
 	"github.com/better-compute/bcd/internal/testenv"
 )
 
@@ -194,6 +197,14 @@ func copyFile(t *testing.T, from, to string, mode os.FileMode) {
 	if err := os.Chmod(to, mode); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// withSWTPM gives s a fresh swtpm for its tpm.* operations.
+func withSWTPM(t *testing.T, s *Server) {
+	t.Helper()
+	sw := swtpmtest.Start(t, false)
+	s.Keys = &nodekey.Host{RequireTPM: true, OpenTPM: func() (*tpm.TPM, error) { return tpm.OpenTCP(sw.Addr()) }}
+	t.Cleanup(func() { s.Keys.Close() })
 }
 
 // syncBuffer is a process's output, read while it runs.

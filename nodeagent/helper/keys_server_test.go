@@ -16,7 +16,6 @@ import (
 	"github.com/better-compute/bcd/agent"
 	"github.com/better-compute/bcd/agent/nodekey"
 	"github.com/better-compute/bcd/agent/tpm"
-	"github.com/better-compute/bcd/internal/swtpmtest"
 	"github.com/better-compute/bcd/pki"
 )
 
@@ -26,10 +25,8 @@ import (
 // certificate's key signs through tpm.sign, as the session's mutual TLS does.
 func TestKeyStoreThroughBcdHelper(t *testing.T) {
 	tr := newTree(t)
-	sw := swtpmtest.Start(t, false)
 	s, _ := newServer(t, tr)
-	s.Keys = &nodekey.Host{RequireTPM: true, OpenTPM: func() (*tpm.TPM, error) { return tpm.OpenTCP(sw.Addr()) }}
-	t.Cleanup(func() { s.Keys.Close() })
+	withSWTPM(t, s)
 	served(t, s)
 	ks := KeyStore(client(tr))
 

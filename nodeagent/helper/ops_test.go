@@ -24,7 +24,6 @@ import (
 	"github.com/better-compute/bcd/agent/nodekey"
 	"github.com/better-compute/bcd/agent/selfupdate"
 	"github.com/better-compute/bcd/agent/tpm"
-	"github.com/better-compute/bcd/internal/swtpmtest"
 	"github.com/better-compute/bcd/protocol"
 )
 
@@ -446,10 +445,8 @@ func TestWatchdog(t *testing.T) {
 
 func TestTPMOperations(t *testing.T) {
 	tr := newTree(t)
-	sw := swtpmtest.Start(t, false)
 	s, _ := newServer(t, tr)
-	s.Keys = &nodekey.Host{RequireTPM: true, OpenTPM: func() (*tpm.TPM, error) { return tpm.OpenTCP(sw.Addr()) }}
-	t.Cleanup(func() { s.Keys.Close() })
+	withSWTPM(t, s)
 	served(t, s)
 	ctx := context.Background()
 	c := client(tr)
