@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/better-compute/bcd/agent"
@@ -85,6 +86,10 @@ type Site struct {
 
 	addrMu sync.Mutex
 	addrs  Addrs
+
+	// running holds the reporter and boot servers of the current Run, for the
+	// Stats methods, which metrics call from other goroutines.
+	running atomic.Pointer[runningServers]
 }
 
 // Addrs are where the site's servers listen; a zero value is a server not running.
@@ -240,6 +245,7 @@ func (s *Site) Run(ctx context.Context) error {
 		Logger:       s.log,
 	}
 	s.events = newReporter(s.session, s.log, s.Now, s.EventInterval)
+	s.running.Store(&runningServers{events: s.events})
 	s.proxy = proxyRunner{site: s}
 
 	// The servers' context ends before the journal closes: nothing may journal
@@ -289,6 +295,7 @@ func (s *Site) Run(ctx context.Context) error {
 		s.applySpec(*saved, false)
 	}
 	if s.boot != nil {
+		s.running.Store(&runningServers{events: s.events, dhcp: s.boot.dhcp})
 		s.boot.serve(sctx, &wg, errc)
 	}
 	s.log.Info("bcd site started", "node_id", id.NodeID, "site", s.siteName(), "gateway", c.GatewayURL, "boot", c.Boot != nil, "socket", s.socketPath(), "boot_id", bootID)
