@@ -206,6 +206,10 @@ func (s *HTTPServer) Serve(ctx context.Context, ln net.Listener) error {
 		ln.Close()
 		return errors.New("boot HTTP: URL and Table are required")
 	}
+	if err := s.checkLimits(); err != nil {
+		ln.Close()
+		return err
+	}
 	hs := s.NewServer(nil)
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
@@ -220,6 +224,22 @@ func (s *HTTPServer) Serve(ctx context.Context, ln net.Listener) error {
 		hs.Close()
 	}
 	<-errc
+	return nil
+}
+
+// checkLimits refuses deadlines that would cut every request at once.
+func (s *HTTPServer) checkLimits() error {
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"StallTimeout", s.StallTimeout}, {"HeaderTimeout", s.HeaderTimeout}, {"IdleTimeout", s.IdleTimeout}} {
+		if d.v < 0 {
+			return fmt.Errorf("boot HTTP: %s %v is negative (0 means the default)", d.name, d.v)
+		}
+	}
+	if s.MinRate < 0 {
+		return fmt.Errorf("boot HTTP: MinRate %d bytes/s is negative (0 means the default, %d)", s.MinRate, DefaultHTTPMinRate)
+	}
 	return nil
 }
 

@@ -316,3 +316,25 @@ func TestHTTPDeadlineResetPerRequest(t *testing.T) {
 		t.Errorf("stats %+v: want the three requests over one connection, none cut", st)
 	}
 }
+
+// TestHTTPRefusesNegativeLimits: a negative deadline or rate is an error naming
+// it, not a server that cuts every download at once.
+func TestHTTPRefusesNegativeLimits(t *testing.T) {
+	for name, configure := range map[string]func(*HTTPServer){
+		"StallTimeout":  func(s *HTTPServer) { s.StallTimeout = -time.Second },
+		"HeaderTimeout": func(s *HTTPServer) { s.HeaderTimeout = -1 },
+		"IdleTimeout":   func(s *HTTPServer) { s.IdleTimeout = -1 },
+		"MinRate":       func(s *HTTPServer) { s.MinRate = -1 },
+	} {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := &HTTPServer{URL: "http://" + ln.Addr().String(), Table: &MemTable{}}
+		configure(s)
+		err = s.Serve(t.Context(), ln)
+		if err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s negative: Serve returned %v, want an error naming it", name, err)
+		}
+	}
+}
