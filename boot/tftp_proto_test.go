@@ -432,7 +432,7 @@ func FuzzParseTFTPRequest(f *testing.F) {
 			t.Fatalf("%+v", r)
 		}
 		g := s.negotiate(r, 12345, 1468)
-		if g.blksize < tftpMinBlksize || g.blksize > 1468 || g.window < 1 || g.window > tftpMaxWindow || g.timeout < time.Second || g.timeout > 255*time.Second {
+		if g.blksize < tftpMinBlksize || g.blksize > 1468 || g.window < 1 || g.window > tftpMaxWindow || g.timeout < time.Second || g.timeout > tftpMaxTimeout*time.Second {
 			t.Fatalf("%+v negotiated %+v", r, g)
 		}
 		if g.oack != nil {
@@ -454,7 +454,7 @@ func FuzzTFTPTransferReceive(f *testing.F) {
 		if len(script)%2 == 0 {
 			g.oack = []byte("\x00\x06blksize\x008\x00")
 		}
-		tr := newTFTPTransfer(tftpRequest{name: "f"}, data, g)
+		tr := newTFTPTransfer(tftpRequest{name: "f"}, memTFTPFile(data), int64(len(data)), g)
 		tr.retries = 3
 		openDiscard(t, &tr.tftpSock)
 		defer tr.close()

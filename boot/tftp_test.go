@@ -184,9 +184,10 @@ func TestTFTPNotFoundIsQuick(t *testing.T) {
 	}
 }
 
-// TestTFTPConcurrencyCap: beyond MaxTransfers a request is refused at once with an
-// error packet, not queued.
-func TestTFTPConcurrencyCap(t *testing.T) {
+// TestTFTPAtCapacityWaits: beyond MaxTransfers a request is left unanswered, never
+// refused with an error packet (firmware gives up the boot on one), and counted
+// in Waits; the client's own retransmission is answered once a slot frees.
+func TestTFTPAtCapacityWaits(t *testing.T) {
 	root, files := tftpRoot(t)
 	s, addr := startTFTP(t, root, func(s *TFTPServer) {
 		s.MaxTransfers = 1
@@ -199,23 +200,114 @@ func TestTFTPConcurrencyCap(t *testing.T) {
 	if op != 3 {
 		t.Fatalf("first transfer: opcode %d, want DATA", op)
 	}
-	start := time.Now()
-	op, body, _ := rawRRQ(t, addr, "ipxe.efi")
-	if op != 5 || !strings.Contains(string(body[2:]), "busy") {
-		t.Fatalf("second transfer: opcode %d %q, want a busy error", op, body)
+	// A second request gets nothing while the slot is taken: no error packet.
+	conn := listenLoopback(t)
+	if _, err := conn.WriteToUDPAddrPort([]byte("\x00\x01ipxe.efi\x00octet\x00"), addr); err != nil {
+		t.Fatal(err)
 	}
-	if d := time.Since(start); d > 100*time.Millisecond {
-		t.Errorf("refused after %v", d)
+	conn.SetReadDeadline(time.Now().Add(150 * time.Millisecond))
+	if n, _, err := conn.ReadFromUDPAddrPort(make([]byte, 2000)); err == nil {
+		t.Fatalf("a request beyond capacity was answered with %d bytes; want silence", n)
 	}
-	// Once the stuck transfer is abandoned the slot is free again.
-	time.Sleep(700 * time.Millisecond)
-	if got := tftpGet(t, addr, "ipxe.efi", 0); !bytes.Equal(got, files["ipxe.efi"]) {
-		t.Error("transfer after the cap freed up differs")
+	if got := s.Stats(); got.Waits != 1 {
+		t.Errorf("stats %+v, want 1 wait", got)
+	}
+	// A client that sends its request again, as firmware does, gets the file once
+	// the stuck transfer is abandoned.
+	c, err := tftp.NewClient(addr.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetTimeout(200 * time.Millisecond)
+	c.SetRetries(20)
+	c.SetBackoff(func(int) time.Duration { return 0 })
+	wt, err := c.Receive("ipxe.efi", "octet")
+	if err != nil {
+		t.Fatalf("a client beyond capacity: %v", err)
+	}
+	var b bytes.Buffer
+	if _, err := wt.WriteTo(&b); err != nil || !bytes.Equal(b.Bytes(), files["ipxe.efi"]) {
+		t.Fatalf("a client beyond capacity got %d bytes (%v)", b.Len(), err)
 	}
 	// The server counts a transfer once it holds the last acknowledgement, a little
 	// after the client has its file.
-	if got := waitStats(s, func(st TFTPStats) bool { return st.Transfers == 1 }); got.Busy != 1 || got.Failed != 1 || got.Transfers != 1 {
-		t.Errorf("stats %+v, want 1 busy, 1 failed, 1 transfer", got)
+	if got := waitStats(s, func(st TFTPStats) bool { return st.Transfers == 1 }); got.Waits < 1 || got.Failed != 1 || got.Transfers != 1 || got.Refused != 0 {
+		t.Errorf("stats %+v, want waits, 1 failed, 1 transfer, none refused", got)
+	}
+}
+
+// TestTFTPTimeoutCapped: a timeout option beyond tftpMaxTimeout is left out of the
+// OACK (RFC 2349 has the OACK echo the value asked, so it is not lowered), and a
+// request that is never acknowledged holds its transfer for the few first-packet
+// retries only, not 255 s times the retries.
+func TestTFTPTimeoutCapped(t *testing.T) {
+	root, _ := tftpRoot(t)
+	s, addr := startTFTP(t, root, func(s *TFTPServer) { s.Timeout = 100 * time.Millisecond })
+	start := time.Now()
+	op, body, conn := rawRRQ(t, addr, "ipxe.efi", "timeout", "255", "blksize", "1468")
+	if op != tftpOpOACK || strings.Contains(string(body), "timeout") || !strings.Contains(string(body), "blksize\x001468") {
+		t.Fatalf("answer opcode %d %q, want an OACK of blksize alone", op, body)
+	}
+	// Count what arrives until the server gives up: the OACK and tftpFirstRetries
+	// more, 100 ms apart.
+	copies := 1
+	buf := make([]byte, 2000)
+	for {
+		conn.SetReadDeadline(time.Now().Add(2 * time.Second))
+		if _, _, err := conn.ReadFromUDPAddrPort(buf); err != nil {
+			break
+		}
+		copies++
+	}
+	if copies != 1+tftpFirstRetries {
+		t.Errorf("the OACK arrived %d times, want %d", copies, 1+tftpFirstRetries)
+	}
+	st := waitStats(s, func(st TFTPStats) bool { return st.Failed == 1 })
+	if st.Failed != 1 {
+		t.Errorf("stats %+v, want the transfer abandoned", st)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("abandoned after %v", d)
+	}
+	// A timeout within the cap is granted.
+	if op, body, _ := rawRRQ(t, addr, "ipxe.efi", "timeout", strconv.Itoa(tftpMaxTimeout)); op != tftpOpOACK || !strings.Contains(string(body), "timeout\x00"+strconv.Itoa(tftpMaxTimeout)+"\x00") {
+		t.Errorf("timeout %d: answer opcode %d %q", tftpMaxTimeout, op, body)
+	}
+}
+
+// TestTFTPTransferLife: a client that acknowledges every block just before the
+// server would send it again still loses its transfer after TransferTimeout.
+func TestTFTPTransferLife(t *testing.T) {
+	root, _ := tftpRoot(t)
+	s, addr := startTFTP(t, root, func(s *TFTPServer) {
+		s.Timeout = 2 * time.Second
+		s.TransferTimeout = 500 * time.Millisecond
+	})
+	// A slow client: each ACK 100 ms after its block, well within the timeout.
+	buf := make([]byte, 2000)
+	c := listenLoopback(t)
+	c.WriteToUDPAddrPort([]byte("\x00\x01undionly.kpxe\x00octet\x00"), addr)
+	start := time.Now()
+	var end time.Duration // when the last block arrived
+	for {
+		c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		n, from, err := c.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			break
+		}
+		end = time.Since(start)
+		if n < 4 || buf[1] != tftpOpDATA {
+			t.Fatalf("opcode %d", buf[1])
+		}
+		time.Sleep(100 * time.Millisecond)
+		c.WriteToUDPAddrPort([]byte{0, tftpOpACK, buf[2], buf[3]}, from)
+	}
+	// Uncut, the 2049 blocks would take over 200 s.
+	if end > 3*time.Second {
+		t.Errorf("the slow transfer was cut after %v; want about 500 ms", end)
+	}
+	if st := waitStats(s, func(st TFTPStats) bool { return st.Failed >= 1 }); st.Failed < 1 || st.Transfers != 0 {
+		t.Errorf("stats %+v, want the slow transfer failed", st)
 	}
 }
 
