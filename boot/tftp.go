@@ -33,10 +33,10 @@ type TFTPStats struct {
 	// Waits counts requests left unanswered because MaxTransfers were running:
 	// the client sends its request again (firmware does), and is answered once
 	// a transfer has ended. No request is ever refused for capacity.
-	Waits     uint64
-	Failed    uint64 // transfers abandoned: the client stopped acknowledging, went away, sent an error, or the transfer outlived TransferTimeout
-	Errors    uint64 // datagrams at the server's port that start nothing: unparsable, or not a request
-	Repeats   uint64 // requests dropped because the same client port has a transfer under way
+	Waits   uint64
+	Failed  uint64 // transfers abandoned: the client stopped acknowledging, went away, sent an error, or the transfer outlived TransferTimeout
+	Errors  uint64 // datagrams at the server's port that start nothing: unparsable, or not a request
+	Repeats uint64 // requests dropped because the same client port has a transfer under way
 	// Retransmits counts blocks sent again, in completed transfers: after a
 	// timeout, or from where a windowsize client said a block was missing.
 	Retransmits uint64
