@@ -1,6 +1,7 @@
 package boot
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -109,6 +110,9 @@ type TFTPServer struct {
 	// Logger logs each request at debug level and unexpected failures at warn; nil
 	// discards.
 	Logger *slog.Logger
+
+	// cacheLimit overrides maxTFTPCache (tests); 0 means maxTFTPCache.
+	cacheLimit int64
 
 	stats  tftpCounters
 	active atomic.Int64 // transfers running
@@ -613,7 +617,7 @@ func (s *TFTPServer) open(name string) (*tftpFile, error) {
 		s.cached -= int64(len(old.data))
 		delete(s.cache, clean)
 	}
-	room := s.cached+fi.Size() <= maxTFTPCache
+	room := s.cached+fi.Size() <= cmp.Or(s.cacheLimit, maxTFTPCache)
 	if room {
 		// Reserve the room now, so that concurrent requests for other large
 		// files do not all read theirs in.

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -554,5 +555,102 @@ func TestTFTPRepeatedRequestIsOneTransfer(t *testing.T) {
 	n, _, err := conn.ReadFromUDPAddrPort(buf)
 	if err != nil || n < 4 || binary.BigEndian.Uint16(buf) != 3 || binary.BigEndian.Uint16(buf[2:]) != 1 {
 		t.Fatalf("a new request from the same port after the transfer: %d bytes, %v", n, err)
+	}
+}
+
+// TestTFTPFloodOfUnacknowledgedRequests: thousands of requests from as many source
+// ports, each asking for timeout 255 and never acknowledging (as spoofed sources
+// never do), cost the server little: a real client fetching a file during the
+// flood gets it promptly, and no flooding port ever hears "server busy" or any
+// other error.
+func TestTFTPFloodOfUnacknowledgedRequests(t *testing.T) {
+	root, files := tftpRoot(t)
+	s, addr := startTFTP(t, root, nil) // the defaults, as bcd site runs it
+	const sources = 3000
+	flood := make([]*net.UDPConn, sources)
+	for i := range flood {
+		flood[i] = listenLoopback(t)
+	}
+	rrq := []byte("\x00\x01undionly.kpxe\x00octet\x00timeout\x00255\x00blksize\x001468\x00tsize\x000\x00")
+	stop := make(chan struct{})
+	var peak atomic.Int64
+	var sent atomic.Int64
+	flooded := make(chan struct{})
+	go func() {
+		defer close(flooded)
+		// Round after round until the client has its file: a port whose
+		// transfer was abandoned starts another.
+		for round := 0; ; round++ {
+			for _, c := range flood {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				c.WriteToUDPAddrPort(rrq, addr)
+				sent.Add(1)
+				peak.Store(max(peak.Load(), s.active.Load()))
+			}
+		}
+	}()
+	// Let the flood take hold before the client asks.
+	deadline := time.Now().Add(20 * time.Second)
+	for s.active.Load() < sources/2 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	start := time.Now()
+	c, err := tftp.NewClient(addr.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetTimeout(time.Second)
+	c.SetRetries(5)
+	c.SetBlockSize(1468)
+	var got bytes.Buffer
+	wt, err := c.Receive("undionly.kpxe", "octet")
+	if err == nil {
+		_, err = wt.WriteTo(&got)
+	}
+	took := time.Since(start)
+	close(stop)
+	<-flooded
+	if err != nil || !bytes.Equal(got.Bytes(), files["undionly.kpxe"]) {
+		t.Fatalf("the client during the flood: %d bytes (%v)", got.Len(), err)
+	}
+	// Unloaded it takes a few tens of milliseconds; a loaded 2-core machine
+	// may stretch that, but not to the seconds a held-up client would wait.
+	if took > 5*time.Second {
+		t.Errorf("the client took %v during the flood", took)
+	}
+	if p := peak.Load(); p < sources/2 {
+		t.Errorf("at most %d transfers ran at once: the flood did not take hold", p)
+	}
+	// What the flooding ports received: OACKs, never an error packet.
+	buf := make([]byte, 2000)
+	oacks := 0
+	for _, fc := range flood {
+		rc, err := fc.SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Read what is queued without waiting: Go's deadlines return before
+		// trying once they have passed.
+		rc.Read(func(fd uintptr) bool {
+			for {
+				n, _, err := unix.Recvfrom(int(fd), buf, unix.MSG_DONTWAIT)
+				if err != nil {
+					return true
+				}
+				if n >= 2 && buf[1] == tftpOpERROR {
+					t.Errorf("a flooding port got error %q", buf[2:n])
+				}
+				oacks++
+			}
+		})
+	}
+	st := s.Stats()
+	t.Logf("%d requests from %d ports, %d transfers at most at once, %d OACKs received; the client took %v; stats %+v", sent.Load(), sources, peak.Load(), oacks, took, st)
+	if st.Refused != 0 || oacks == 0 {
+		t.Errorf("stats %+v, %d OACKs: want the flood answered with OACKs and nothing refused", st, oacks)
 	}
 }
