@@ -317,15 +317,27 @@ func (s *TFTPServer) Serve(ctx context.Context) error {
 	if ns != nil {
 		defer ns.Close()
 	}
-	p, err := newTFTPPoller(s)
-	if err != nil {
-		conn.Close()
-		return fmt.Errorf("TFTP: %w", err)
+	// One poller per core: a poller runs its transfers from one goroutine, and
+	// a storm of lock-step clients is all syscalls, which more cores serve.
+	pollers := make([]*tftpPoller, tftpPollers())
+	for i := range pollers {
+		p, err := newTFTPPoller(s)
+		if err != nil {
+			for _, p := range pollers[:i] {
+				p.close()
+				p.run()
+			}
+			conn.Close()
+			return fmt.Errorf("TFTP: %w", err)
+		}
+		pollers[i] = p
 	}
-	polled := make(chan struct{})
-	go func() { p.run(); close(polled) }()
+	var polled sync.WaitGroup
+	for _, p := range pollers {
+		polled.Go(p.run)
+	}
 	errc := make(chan error, 1)
-	go func() { errc <- serveInNetns(ns, func() error { return s.serveRequests(conn, p) }) }()
+	go func() { errc <- serveInNetns(ns, func() error { return s.serveRequests(conn, pollers) }) }()
 	var serr error
 	select {
 	case serr = <-errc:
@@ -334,8 +346,10 @@ func (s *TFTPServer) Serve(ctx context.Context) error {
 		conn.Close()
 		<-errc
 	}
-	p.close()
-	<-polled
+	for _, p := range pollers {
+		p.close()
+	}
+	polled.Wait()
 	if serr != nil {
 		return fmt.Errorf("TFTP: %w", serr)
 	}
@@ -345,7 +359,8 @@ func (s *TFTPServer) Serve(ctx context.Context) error {
 // serveRequests reads requests at the server's port until conn is closed. It runs
 // on a thread in the namespace Listen ran in: the transfer sockets it opens, and
 // the interface it asks the MTU of, must be there.
-func (s *TFTPServer) serveRequests(conn *net.UDPConn, p *tftpPoller) error {
+func (s *TFTPServer) serveRequests(conn *net.UDPConn, pollers []*tftpPoller) error {
+	next := 0
 	buf := make([]byte, 2048)
 	oob := make([]byte, 256)
 	for {
@@ -361,7 +376,9 @@ func (s *TFTPServer) serveRequests(conn *net.UDPConn, p *tftpPoller) error {
 			return err
 		}
 		local, ifindex := tftpParsePktinfo(oob[:oobn])
-		s.request(buf[:n], from, local, ifindex, p)
+		if s.request(buf[:n], from, local, ifindex, pollers[next]) {
+			next = (next + 1) % len(pollers)
+		}
 	}
 }
 
@@ -387,8 +404,8 @@ func tftpErrorCode(err error) uint16 {
 }
 
 // request answers one datagram at the server's port: a transfer handed to the
-// poller, or an error packet.
-func (s *TFTPServer) request(b []byte, from netip.AddrPort, local netip.Addr, ifindex int, p *tftpPoller) {
+// poller p (started says so), an error packet, or nothing.
+func (s *TFTPServer) request(b []byte, from netip.AddrPort, local netip.Addr, ifindex int, p *tftpPoller) (started bool) {
 	debug := s.log.Enabled(context.Background(), slog.LevelDebug)
 	req, err := parseTFTPRequest(b)
 	if err != nil {
@@ -401,7 +418,7 @@ func (s *TFTPServer) request(b []byte, from netip.AddrPort, local netip.Addr, if
 		if len(b) >= 2 && (b[1] == tftpOpRRQ || b[1] == tftpOpWRQ) && b[0] == 0 {
 			s.sendError(local, from, errTFTPIllegal)
 		}
-		return
+		return false
 	}
 	// Requests are read one at a time, so nothing starts a transfer for from
 	// between this check and p.add below.
@@ -413,7 +430,7 @@ func (s *TFTPServer) request(b []byte, from netip.AddrPort, local netip.Addr, if
 		if debug {
 			s.log.Debug("TFTP: dropping a repeated request; its transfer is under way", "from", from, "file", req.name)
 		}
-		return
+		return false
 	}
 	if req.op == tftpOpWRQ {
 		s.stats.refused.Add(1)
@@ -421,7 +438,7 @@ func (s *TFTPServer) request(b []byte, from netip.AddrPort, local netip.Addr, if
 			s.log.Debug("TFTP: write refused", "from", from, "file", req.name)
 		}
 		s.sendError(local, from, errTFTPReadOnly)
-		return
+		return false
 	}
 	if req.mode != "octet" && req.mode != "netascii" {
 		s.stats.refused.Add(1)
@@ -429,7 +446,7 @@ func (s *TFTPServer) request(b []byte, from netip.AddrPort, local netip.Addr, if
 			s.log.Debug("TFTP: refused", "from", from, "file", req.name, "mode", req.mode)
 		}
 		s.sendError(local, from, errTFTPIllegal)
-		return
+		return false
 	}
 	if n := s.active.Add(1); n > int64(s.max) {
 		// No error packet: firmware gives up the boot on one. The client sends
@@ -440,7 +457,7 @@ func (s *TFTPServer) request(b []byte, from netip.AddrPort, local netip.Addr, if
 		if debug {
 			s.log.Debug("TFTP: at capacity, leaving the request for the client to send again", "from", from, "file", req.name, "max_transfers", s.max)
 		}
-		return
+		return false
 	}
 	f, err := s.open(req.name)
 	if err != nil {
@@ -455,7 +472,7 @@ func (s *TFTPServer) request(b []byte, from netip.AddrPort, local netip.Addr, if
 			s.log.Debug("TFTP: refused", "from", from, "file", req.name, "err", err)
 		}
 		s.sendError(local, from, err)
-		return
+		return false
 	}
 	size := f.size
 	if req.mode == "netascii" {
@@ -464,7 +481,7 @@ func (s *TFTPServer) request(b []byte, from netip.AddrPort, local netip.Addr, if
 			s.active.Add(-1)
 			s.stats.refused.Add(1)
 			s.sendError(local, from, fmt.Errorf("%w: reading failed", errTFTPAccess))
-			return
+			return false
 		}
 	}
 	t := newTFTPTransfer(req, f, size, s.negotiate(req, size, s.maxBlockSize(from, ifindex)))
@@ -476,12 +493,13 @@ func (s *TFTPServer) request(b []byte, from netip.AddrPort, local netip.Addr, if
 		s.active.Add(-1)
 		s.stats.failed.Add(1)
 		s.log.Warn("TFTP: opening a transfer socket", "to", from, "err", err)
-		return
+		return false
 	}
 	s.mu.Lock()
 	s.running[from] = true
 	s.mu.Unlock()
 	p.add(t)
+	return true
 }
 
 // sendError answers from with an error packet from a socket of its own, as a

@@ -380,3 +380,7 @@ func (p *tftpPoller) end(t *tftpTransfer, err error) {
 		}
 	}
 }
+
+// tftpPollers is how many pollers a server runs: one per core the runtime
+// uses, up to 4 (beyond, the one goroutine reading requests is the limit).
+func tftpPollers() int { return min(runtime.GOMAXPROCS(0), 4) }

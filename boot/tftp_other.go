@@ -121,3 +121,6 @@ func (p *tftpPoller) run() {
 	<-p.quit
 	p.wg.Wait()
 }
+
+// tftpPollers is one: without epoll, a poller runs a goroutine per transfer.
+func tftpPollers() int { return 1 }
