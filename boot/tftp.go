@@ -60,10 +60,12 @@ type tftpCounters struct {
 // capacity is bounded by memory and descriptors rather than a small count, and
 // a request beyond it is left unanswered (the client asks again) rather than
 // refused. Each transfer has a socket of its own, connected
-// to the client (its transfer ID, as RFC 1350 asks); on Linux one goroutine polls
-// all of them with epoll, as dnsmasq polls its transfers from one thread, so a
-// block costs a recv of the acknowledgement and a send of the next block, with no
-// deadline to set and no goroutine to wake. A block is sent again on a timeout,
+// to the client (its transfer ID, as RFC 1350 asks); on Linux a goroutine per
+// core polls its share of them with epoll, as dnsmasq polls its transfers from
+// one thread, so a block costs a recv of the acknowledgement and a send of the
+// next block, with no deadline or timer to set and no goroutine to wake (the
+// poller keeps one clock and scans its transfers' deadlines when the earliest
+// passes). A block is sent again on a timeout,
 // never on a duplicate acknowledgement (no Sorcerer's Apprentice), and for a
 // windowsize client from the block after the one it acknowledged. Error
 // packets carry the codes of RFC 1350: 1 "file not found", 2 "access violation:
