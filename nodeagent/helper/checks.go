@@ -192,7 +192,7 @@ func CheckSocketDir(socket string) []Problem {
 		return []Problem{{dir, fmt.Sprintf("the socket's directory is not a directory (%s)", fi.Mode().Type())}}
 	}
 	if what := rootOnly(fi); what != "" {
-		return []Problem{{dir, "the socket's directory is " + what}}
+		return []Problem{{dir, "the socket's directory: " + what}}
 	}
 	return nil
 }

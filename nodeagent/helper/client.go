@@ -184,3 +184,14 @@ func IsCode(err error, code string) bool {
 	var e *Error
 	return errors.As(err, &e) && e.Code == code
 }
+
+// Call posts req (any JSON value, such as a json.RawMessage) to op and
+// decodes the answer into resp: bcd helper call's diagnostic use of the
+// socket. The node itself uses the typed methods.
+func (c *Client) Call(ctx context.Context, op string, req, resp any) error {
+	timeout := DefaultTimeout
+	if op == OpUpdateSwap {
+		timeout = SwapTimeout
+	}
+	return c.call(ctx, op, timeout, req, resp)
+}
