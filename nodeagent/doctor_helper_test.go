@@ -112,7 +112,7 @@ func TestDoctorHelperChecks(t *testing.T) {
 	got = h.lines(t, "helper", true)
 	want := []string{
 		"helper: fail: " + h.cfgPath + ": owned by uid " + h.nobody.Uid + ", not root; the config decides what root does for the node, so only root may write it: bcd helper refuses to start",
-		"helper: fail: " + sock + ": the socket's directory is mode 0777 is writable by group or other (chmod go-w): bcd helper refuses to start",
+		"helper: fail: " + sock + ": the socket's directory: mode 0777 is writable by group or other (chmod go-w): bcd helper refuses to start",
 		"helper: fail: " + lib + ": mode 2775 is writable by group or other (chmod go-w): bcd helper refuses to start",
 		"helper: fail: " + sock + ": mode 0777 is writable by group or other (chmod go-w): bcd helper refuses to start",
 	}
