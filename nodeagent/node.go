@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/better-compute/bcd/agent/nodekey"
 	"github.com/better-compute/bcd/agent/selfupdate"
 	"github.com/better-compute/bcd/config"
+	"github.com/better-compute/bcd/nodeagent/helper"
 	"github.com/better-compute/bcd/protocol"
 )
 
@@ -33,7 +35,8 @@ type Node struct {
 	UpdateOptions func(*selfupdate.Options)
 	// Logger receives the agent's log; nil discards it.
 	Logger *slog.Logger
-	// Rebooter restarts the machine for node.reboot; nil is SystemRebooter.
+	// Rebooter restarts the machine for node.reboot; nil is SystemRebooter,
+	// or bcd helper's reboot under [helper].
 	Rebooter Rebooter
 	// BootID reads the current boot id; nil is agent.BootID.
 	BootID func() (string, error)
@@ -44,7 +47,8 @@ type Node struct {
 	PingInterval, PingTimeout time.Duration
 	// Listening, if set, is called with the status socket's path once it serves.
 	Listening func(path string)
-	// Keys loads and makes the node key; nil is agent.PKCS8Keys.
+	// Keys loads and makes the node key; nil is the host's (nodekey.Host), or
+	// bcd helper's tpm.* operations under [helper].
 	Keys agent.KeyStore
 	// RenewHook, if set, is the certificate Renewer's Hook (tests).
 	RenewHook func(step string)
@@ -100,15 +104,33 @@ func (n *Node) Run(ctx context.Context) error {
 	if n.log == nil {
 		n.log = slog.New(slog.DiscardHandler)
 	}
-	n.rebooter = n.Rebooter
-	if n.rebooter == nil {
-		n.rebooter = SystemRebooter
-	}
 	if c.GatewayURL == "" || c.ServingCASPKIPin == "" {
 		return errors.New("bcd node: config.toml needs gateway_url and serving_ca_spki_pin")
 	}
+	// The mode follows the config, not the uid: with [helper] even a root
+	// bcd node leaves the TPM, the reboot and the slots to bcd helper, so
+	// that it behaves as it will under the bcd user.
+	var hc *helper.Client
+	if c.Helper != nil {
+		hc = helper.NewClient(c.Helper)
+		n.log.Info("bcd node runs unprivileged beside bcd helper", "helper_socket", hc.Socket, "uid", os.Geteuid())
+	}
+	n.rebooter = n.Rebooter
+	switch {
+	case n.rebooter != nil:
+	case hc != nil:
+		n.rebooter = helperRebooter(hc)
+	default:
+		n.rebooter = SystemRebooter
+	}
 	dataDir := DataDir(c)
-	if n.Keys == nil {
+	switch {
+	case n.Keys != nil:
+	case hc != nil:
+		// The node never opens /dev/tpmrm0 (spec, 8870b8d): the key in
+		// the TPM signs through the helper.
+		n.Keys = helper.KeyStoreWithLogger(hc, n.log)
+	default:
 		// The host's: the node key in its TPM where node.key says so, and
 		// the renewal's next key made the same way.
 		n.Keys = &nodekey.Host{Logger: n.Logger}
@@ -117,6 +139,11 @@ func (n *Node) Run(ctx context.Context) error {
 	switch {
 	case errors.Is(err, agent.ErrNotJoined):
 		return fmt.Errorf("bcd node: this machine has not joined (no %s in %s): run bcd join first", agent.IdentityFile, dataDir)
+	case err != nil && hc != nil && helper.IsHelperError(err):
+		// bcd helper answered for the key, not the identity's files: a
+		// join again would not help, so the hint says what would.
+		return fmt.Errorf("bcd node: the identity does not load: %w; the node key is used through bcd helper at %s: check that bcd-helper.service runs and that this is the installed bcd (%s) run as [helper] user %s",
+			err, hc.Socket, helper.Entrypoint(c), helper.UserName(c))
 	case err != nil:
 		return fmt.Errorf("bcd node: the identity does not load: %w; to join again: %s", err, ResetHint)
 	case id.Role != protocol.RoleNode:
@@ -165,7 +192,11 @@ func (n *Node) Run(ctx context.Context) error {
 	if cfgPath == "" {
 		cfgPath = config.DefaultPath
 	}
-	n.updater = daemonupdate.ForConfig(c, cfgPath, n.log, n.UpdateOptions)
+	if hc != nil {
+		n.updater = helper.NewUpdater(c, cfgPath, hc, n.log, n.UpdateOptions)
+	} else {
+		n.updater = daemonupdate.ForConfig(c, cfgPath, n.log, n.UpdateOptions)
+	}
 	claimsFn := n.Claims
 	if claimsFn == nil {
 		claimsFn = agent.ClaimsSource{}.Collect

@@ -3,6 +3,7 @@ package nodeagent
 import (
 	"context"
 	"encoding/json"
+	"encoding/pem"
 	"net"
 	"net/http"
 	"os"
@@ -15,8 +16,11 @@ import (
 	"github.com/better-compute/bcd/agent"
 	"github.com/better-compute/bcd/agent/agenttest"
 	"github.com/better-compute/bcd/agent/journal"
+	"github.com/better-compute/bcd/agent/selfupdate"
+	"github.com/better-compute/bcd/agent/tpm"
 	"github.com/better-compute/bcd/config"
 	"github.com/better-compute/bcd/internal/version"
+	"github.com/better-compute/bcd/nodeagent/helper"
 	"github.com/better-compute/bcd/protocol"
 )
 
@@ -238,11 +242,11 @@ func unixClient(path string) *http.Client {
 }
 
 func TestStatusSocket(t *testing.T) {
-	for _, helper := range []bool{false, true} {
+	for _, underHelper := range []bool{false, true} {
 		f := newNodeFixture(t, protocol.RoleNode)
 		sock := SocketPath(f.cfg)
-		if helper {
-			f.cfg.Helper = &config.Helper{User: "bcd"}
+		if underHelper {
+			f.cfg.Helper = &config.Helper{User: "bcd", Socket: standInHelper(t)}
 		}
 		// A stale socket from a crashed run: nobody answers, so it is replaced.
 		ln, err := net.Listen("unix", sock)
@@ -258,11 +262,11 @@ func TestStatusSocket(t *testing.T) {
 			t.Fatal(err)
 		}
 		want := os.FileMode(0o600)
-		if helper {
+		if underHelper {
 			want = 0o660
 		}
 		if fi.Mode().Perm() != want {
-			t.Errorf("helper=%v: socket mode %04o, want %04o", helper, fi.Mode().Perm(), want)
+			t.Errorf("underHelper=%v: socket mode %04o, want %04o", underHelper, fi.Mode().Perm(), want)
 		}
 		client := unixClient(sock)
 		var st Status
@@ -293,5 +297,123 @@ func TestStatusSocketRefusesNonSocket(t *testing.T) {
 	os.WriteFile(path, []byte("not a socket"), 0o600)
 	if _, err := listenStatus(path, false); err == nil || !strings.Contains(err.Error(), "not a socket") {
 		t.Fatalf("listenStatus over a file = %v", err)
+	}
+}
+
+// standInHelper answers update.resume with "no update under way" on a unix
+// socket, the one call a node under [helper] makes before its session runs.
+// It stands in for bcd helper (nodeagent/helper's tests and internal/e2e run
+// the real one); every other operation fails the test.
+func standInHelper(t *testing.T) string {
+	return standInHelperWith(t, nil)
+}
+
+// standInHelperWith is standInHelper that also answers reboot with reboot's
+// status and error (0: the operation is unexpected).
+func standInHelperWith(t *testing.T, reboot func() (int, *helper.Error)) string {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "helper.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		switch r.URL.Path {
+		case helper.PathPrefix + helper.OpUpdateResume:
+			json.NewEncoder(w).Encode(helper.OutcomeResponse{Outcome: selfupdate.Outcome{State: selfupdate.None}})
+			return
+		case helper.PathPrefix + helper.OpReboot:
+			if reboot != nil {
+				status, e := reboot()
+				w.WriteHeader(status)
+				if e != nil {
+					json.NewEncoder(w).Encode(e)
+				} else {
+					w.Write([]byte("{}"))
+				}
+				return
+			}
+		}
+		t.Errorf("the node called %s on the stand-in helper", r.URL.Path)
+		w.WriteHeader(http.StatusNotFound)
+		json.NewEncoder(w).Encode(helper.Error{Code: helper.CodeUnknownOp, Message: "not in this stand-in"})
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return sock
+}
+
+// TestRebootThroughHelper: under [helper], node.reboot is the helper's
+// reboot operation; the helper's answer decides RUNNING (the machine goes
+// down) or FAILED with the helper's reason.
+func TestRebootThroughHelper(t *testing.T) {
+	for _, ok := range []bool{true, false} {
+		f := newNodeFixture(t, protocol.RoleNode)
+		asked := make(chan struct{}, 1)
+		f.cfg.Helper = &config.Helper{User: "bcd", Socket: standInHelperWith(t, func() (int, *helper.Error) {
+			asked <- struct{}{}
+			if ok {
+				return http.StatusOK, nil
+			}
+			return http.StatusInternalServerError, &helper.Error{Code: helper.CodeFailed, Message: "reboot: the test's helper cannot"}
+		})}
+		var got statuses
+		f.g.OnSession = func(ctx context.Context, c *agenttest.Conn) {
+			c.Send(ctx, protocol.FrameCommand, protocol.Command{ID: "cmd_reboot", Kind: protocol.KindNodeReboot})
+			agenttest.AckAll(ctx, c, got.record)
+		}
+		f.start(t, "boot-1", nil)
+		select {
+		case <-asked:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("ok=%v: node.reboot did not reach the helper", ok)
+		}
+		if ok {
+			waitFor(t, "RUNNING", func() bool { return got.find("cmd_reboot", protocol.StateRunning) != nil })
+			continue
+		}
+		waitFor(t, "FAILED", func() bool { return got.find("cmd_reboot", protocol.StateFailed) != nil })
+		if st := got.find("cmd_reboot", protocol.StateFailed); !strings.Contains(st.Message, "through bcd helper") || !strings.Contains(st.Message, "the test's helper cannot") {
+			t.Errorf("FAILED says %q, want the helper's reason", st.Message)
+		}
+	}
+}
+
+// TestNodeKeyRefusedByHelper: under [helper] a node.key that is a TPM record
+// loads through tpm.load; the helper's refusal stops the node with a message
+// that names the helper, not a join again (the files are fine).
+func TestNodeKeyRefusedByHelper(t *testing.T) {
+	f := newNodeFixture(t, protocol.RoleNode)
+	sock := filepath.Join(t.TempDir(), "helper.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var asked []string
+	var mu sync.Mutex
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		asked = append(asked, r.URL.Path)
+		mu.Unlock()
+		w.WriteHeader(http.StatusForbidden)
+		json.NewEncoder(w).Encode(helper.Error{Code: helper.CodePeerRefused, Message: "the caller runs /elsewhere/bcd: not an installed bcd"})
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	f.cfg.Helper = &config.Helper{User: "bcd", Socket: sock}
+	record := pem.EncodeToMemory(&pem.Block{Type: tpm.NodeKeyPEMType, Headers: map[string]string{"Version": "1"}, Bytes: []byte("not a key")})
+	if err := os.WriteFile(filepath.Join(f.dataDir, agent.KeyFile), record, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err = (&Node{Config: f.cfg, BootID: func() (string, error) { return "b", nil }}).Run(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "the identity does not load") || !strings.Contains(err.Error(), helper.CodePeerRefused) ||
+		!strings.Contains(err.Error(), "check that bcd-helper.service runs") || strings.Contains(err.Error(), ResetHint) {
+		t.Fatalf("Run with the helper refusing = %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(asked) != 1 || asked[0] != helper.PathPrefix+helper.OpTPMLoad {
+		t.Errorf("the node asked the helper %v, want one tpm.load", asked)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/better-compute/bcd/nodeagent/helper"
 	"github.com/better-compute/bcd/protocol"
 )
 
@@ -92,4 +93,18 @@ func (n *Node) finishReboot() {
 		n.log.Error("could not clear the pending reboot", "error", err.Error())
 	}
 	n.log.Info("node.reboot finished", "command_id", p.CommandID, "state", st.State)
+}
+
+// helperRebooter is node.reboot on an unprivileged node: bcd helper syncs and
+// reboots. The helper answers before it reboots, so a nil error means the
+// machine is going down; an error, a dropped connection included, is returned
+// as it is, since the node cannot tell a reboot under way from a helper that
+// died.
+func helperRebooter(c *helper.Client) Rebooter {
+	return RebooterFunc(func() error {
+		if err := c.Reboot(context.Background()); err != nil {
+			return fmt.Errorf("through bcd helper: %w", err)
+		}
+		return nil
+	})
 }

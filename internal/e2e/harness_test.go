@@ -295,11 +295,20 @@ func bcd(t *testing.T, env []string, stdin string, args ...string) result {
 // run runs bin (bcdBin or bcdFakeBin) with env and stdin, and waits for it.
 func run(t *testing.T, bin string, env []string, stdin string, args ...string) result {
 	t.Helper()
+	return runAs(t, nil, bin, env, stdin, args...)
+}
+
+// runAs is run with the process's credentials set (nil: the test's own).
+func runAs(t *testing.T, cred *syscall.Credential, bin string, env []string, stdin string, args ...string) result {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = append(append(os.Environ(), "BCD_JOIN_TOKEN="), env...)
 	cmd.Stdin = strings.NewReader(stdin)
+	if cred != nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -327,8 +336,18 @@ func startAgent(t *testing.T, args ...string) *agentProcess {
 // startAgentBin starts bin with env added to the test's environment.
 func startAgentBin(t *testing.T, bin string, env []string, args ...string) *agentProcess {
 	t.Helper()
+	return startAgentAs(t, nil, bin, env, args...)
+}
+
+// startAgentAs is startAgentBin with the process's credentials set (nil: the
+// test's own).
+func startAgentAs(t *testing.T, cred *syscall.Credential, bin string, env []string, args ...string) *agentProcess {
+	t.Helper()
 	p := &agentProcess{cmd: exec.Command(bin, args...), log: &syncBuffer{}, done: make(chan struct{})}
 	p.cmd.Env = append(os.Environ(), env...)
+	if cred != nil {
+		p.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	}
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -179,6 +179,14 @@ func (c *Client) TPMSign(ctx context.Context, record, digest []byte, h crypto.Ha
 	return r.Signature, err
 }
 
+// IsHelperError reports whether err carries a helper Error: bcd helper (or
+// the client, for HELPER_UNAVAILABLE) answered, rather than the node's own
+// files failing.
+func IsHelperError(err error) bool {
+	var e *Error
+	return errors.As(err, &e)
+}
+
 // IsCode reports whether err is a helper Error with code.
 func IsCode(err error, code string) bool {
 	var e *Error

@@ -28,6 +28,12 @@
 // binary. It refuses to start on a config.toml, socket directory or slots
 // path that anyone but root could change.
 //
+// The node's side: KeyStore (the node key through tpm.*, or a PKCS#8 key of
+// the node's own when the helper has no TPM) and NewUpdater (self-update's
+// Privileged half through update.*, the download into <data_dir>/staging
+// and the exec staying in the node). nodeagent.Node uses them, and
+// the reboot operation, whenever config.toml has [helper].
+//
 // Not implemented, because this bcd does not have the features yet: the CDI
 // specs and allocation env files, sshd files and reloads, the bcd_instances
 // and bcd_taps nftables tables, GPU resets, libvirt.* and ch.* operations.

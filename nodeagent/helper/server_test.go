@@ -2,14 +2,19 @@ package helper
 
 import (
 	"context"
+	"encoding/json"
+	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/better-compute/bcd/agent/selfupdate"
 )
 
 // TestHelperCommandStartup: bcd helper refuses each bad tree with exit 1 and
@@ -191,6 +196,42 @@ func TestPeerChecks(t *testing.T) {
 		}
 	})
 
+	t.Run("a slot binary replaced under its running process", func(t *testing.T) {
+		tr.mkdir(tr.slots, 0o755)
+		slot := filepath.Join(tr.slots, "bcd-a")
+		copyFile(t, needBcd(t), slot, 0o755)
+		// bcd helper call reads its request before it connects: replace
+		// the slot's file meanwhile, so that it runs a deleted one.
+		cmd := exec.Command(slot, "helper", "call", "--config", tr.config, OpTPMLoad)
+		stdin, err := cmd.StdinPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out syncBuffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Remove(slot); err != nil {
+			t.Fatal(err)
+		}
+		copyFile(t, needBcd(t), slot, 0o755)
+		if _, err := io.WriteString(stdin, probe); err != nil {
+			t.Fatal(err)
+		}
+		stdin.Close()
+		err = cmd.Wait()
+		want := "runs " + slot + " (deleted): a deleted file"
+		if err == nil || !strings.Contains(out.String(), "HELPER_PEER_REFUSED") || !strings.Contains(out.String(), want) {
+			t.Fatalf("%v: %s; want a refusal saying %q", err, out.String(), want)
+		}
+		// The new file at the slot's path is served.
+		if code, out := tr.call(slot, nil, OpTPMLoad, probe); code != 1 || !strings.Contains(out, served) {
+			t.Errorf("the slot's new binary: exit %d: %s", code, out)
+		}
+		os.Remove(slot)
+	})
+
 	t.Run("the node user reboots", func(t *testing.T) {
 		code, out := tr.call(tr.entry, &syscall.Credential{Uid: nodeUID, Gid: nodeGID}, OpReboot, `{}`)
 		if code != 0 || strings.TrimSpace(out) != "{}" {
@@ -224,3 +265,71 @@ func TestPeerChecks(t *testing.T) {
 }
 
 func itoa(u uint32) string { return strconv.Itoa(int(u)) }
+
+// TestReExecAfterConfirm: a real bcd helper swaps a signed release that is a
+// real bcd for the node, and after the node confirms it re-executes the
+// entrypoint, now the new slot, which serves again on the same socket.
+func TestReExecAfterConfirm(t *testing.T) {
+	r := newRelease(t)
+	tr := r.tr
+	tr.installBcd()
+	sec := r.Section(t, "0.2.0", 2, mustRead(t, needBcd(t)))
+	staging := filepath.Join(tr.data, selfupdate.StagingDir)
+	if err := os.MkdirAll(staging, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	staged := filepath.Join(staging, selfupdate.StagedName("0.2.0"))
+	copyFile(t, needBcd(t), staged, 0o644)
+	for _, p := range []string{staging, staged} {
+		if err := os.Chown(p, nodeUID, nodeGID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := tr.startHelper()
+	p.waitServing(t)
+	node := &syscall.Credential{Uid: nodeUID, Gid: nodeGID}
+	req, err := json.Marshal(UpdateRequest{Running: "0.1.0", Section: &sec, CommandID: "cmd-1", Revision: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, out := tr.call(tr.entry, node, OpUpdateSwap, string(req)); code != 0 {
+		t.Fatalf("update.swap: exit %d: %s", code, out)
+	}
+	link, err := filepath.EvalSymlinks(tr.entry)
+	if err != nil || link != filepath.Join(tr.slots, "bcd-b") {
+		t.Fatalf("the entrypoint resolves to %q (%v), want bcd-b", link, err)
+	}
+	// The node's new binary, run from the entrypoint (now bcd-b), confirms.
+	code, out := tr.call(tr.entry, node, OpUpdateConfirm, `{"running":"0.2.0"}`)
+	if code != 0 || !strings.Contains(out, `"State":"confirmed"`) {
+		t.Fatalf("update.confirm: exit %d: %s", code, out)
+	}
+	deadline := time.Now().Add(wait)
+	for strings.Count(p.out.String(), `"bcd helper serves"`) < 2 {
+		select {
+		case <-p.exited:
+			t.Fatalf("bcd helper exited (%v) instead of re-executing:\n%s", p.err, p.out.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("bcd helper did not serve again after the confirm:\n%s", p.out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	exe, err := os.Readlink("/proc/" + strconv.Itoa(p.cmd.Process.Pid) + "/exe")
+	if err != nil || exe != filepath.Join(tr.slots, "bcd-b") {
+		t.Errorf("the helper (same pid) now runs %q (%v), want bcd-b", exe, err)
+	}
+	if code, out := tr.call(tr.entry, node, OpUpdateResume, `{"running":"0.2.0"}`); code != 0 || !strings.Contains(out, `"State":"none"`) {
+		t.Errorf("the re-executed helper: update.resume: exit %d: %s", code, out)
+	}
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
