@@ -125,7 +125,7 @@ func TestDebianHelper(t *testing.T) {
 			if !failing {
 				failing = true
 				lctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-				out, rc, lerr := tryOnVM(lctx, f, m, "journalctl -u bcd -u bcd-helper -n 200 --no-pager -o short-monotonic", 2*time.Minute)
+				out, rc, lerr := tryOnVM(lctx, f, m, "journalctl -u bcd -u bcd-helper -n 200 --no-pager -o short-iso", 2*time.Minute)
 				cancel()
 				fmt.Fprintf(&s, "--- journalctl -u bcd -u bcd-helper (exit %d, %v):\n%s\n", rc, lerr, strings.Join(out, "\n"))
 			}
