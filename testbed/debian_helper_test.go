@@ -195,7 +195,7 @@ func TestDebianHelper(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.bootAt = time.Now()
-	if m.vm, err = f.StartDiskVMWith(DiskVM{Name: m.name, MAC: m.mac, Disk: disk, TPMState: state}); err != nil {
+	if m.vm, err = f.StartDiskVMWith(DiskVM{Name: m.name, MAC: m.mac, Disk: disk, TPMState: state, Reboots: true}); err != nil {
 		fail(err)
 	}
 	defer m.vm.Stop()
