@@ -122,6 +122,12 @@ func TestDebianHelper(t *testing.T) {
 			fmt.Fprintf(&s, "--- %s: %d boot(s); its last %d bcd-lab lines:\n%s\n", m.name,
 				strings.Count(string(serial), "Linux version "), len(lines), strings.Join(lines, "\n"))
 			// The services' own logs, when the probe still runs commands.
+			select {
+			case <-m.vm.Exited():
+				failing = true
+				s.WriteString("--- the VM has exited: no journal\n")
+			default:
+			}
 			if !failing {
 				failing = true
 				lctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
