@@ -50,7 +50,7 @@ test: deps lint
 # udev rule), bcd node as bcd without capabilities beside a root bcd helper that
 # reboots it, updates it by a rollout and refuses a copy of bcd run from elsewhere.
 # About 10 minutes on 2 cores under TCG, plus 11–13 for TestDebianSelfUpdate and
-# about 15 for TestDebianHelper (README.md has the times).
+# about 7 for TestDebianHelper (README.md has the times).
 # The Debian root is cached in .cache/debian (rebuilt when its script changes).
 e2e-debian: deps
 	scripts/build-debian-image.sh >/dev/null
