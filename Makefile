@@ -45,8 +45,12 @@ test: deps lint
 # TPM stops before installing anything; TestDebianSelfUpdate: two script-installed
 # machines update themselves from releases scripts/release.sh signed (a rollout in
 # waves, a build that never reaches its Welcome, one that crash-loops, four refused
-# manifests, an install-script rerun). About 10 minutes on 2 cores under TCG, plus
-# 11–13 for TestDebianSelfUpdate (README.md has the times).
+# manifests, an install-script rerun); TestDebianHelper: a machine installed by the
+# --unprivileged --attestor tpm script over an old script's state (bcd in tss, the
+# udev rule), bcd node as bcd without capabilities beside a root bcd helper that
+# reboots it, updates it by a rollout and refuses a copy of bcd run from elsewhere.
+# About 10 minutes on 2 cores under TCG, plus 11–13 for TestDebianSelfUpdate and
+# about 7 for TestDebianHelper (README.md has the times).
 # The Debian root is cached in .cache/debian (rebuilt when its script changes).
 e2e-debian: deps
 	scripts/build-debian-image.sh >/dev/null

@@ -12,7 +12,8 @@
 // entrypoint. Every other kind is answered UNSUPPORTED.
 //
 // bcd doctor runs a list of checks together (config, identity, tpm, gateway,
-// update) and reports each by name on its own line. bcd update's table
+// update; helper on a node with [helper], libvirt where libvirt's qemu.conf
+// is) and reports each by name on its own line. bcd update's table
 // (WriteUpdateStatus) and the Manager both commands read the slots with
 // (UpdateManager) are here too.
 package nodeagent

@@ -8,12 +8,16 @@ import (
 	"io"
 	"net"
 	"net/url"
+	"os"
+	"os/user"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/better-compute/bcd/agent"
 	"github.com/better-compute/bcd/agent/nodekey"
 	"github.com/better-compute/bcd/config"
+	"github.com/better-compute/bcd/nodeagent/helper"
 )
 
 // Level is how a check came out.
@@ -94,16 +98,24 @@ type DoctorOptions struct {
 	ExpiryWarning time.Duration
 	// Now is the clock certificates are judged by; nil means time.Now.
 	Now func() time.Time
+	// IsRoot says whether doctor runs as root, which the helper checks need;
+	// nil means os.Geteuid() == 0.
+	IsRoot func() bool
 }
 
 // DoctorChecks are bcd doctor's checks for the configuration at path: config,
-// identity, tpm, gateway and update (self-update's slots and records).
+// identity, tpm, gateway and update (self-update's slots and records); on a
+// node with [helper] the helper checks (helperChecks) after them; and libvirt
+// where the host has libvirt's qemu.conf.
 func DoctorChecks(path string, o DoctorOptions) []Check {
 	if o.GatewayTimeout <= 0 {
 		o.GatewayTimeout = 5 * time.Second
 	}
 	if o.Now == nil {
 		o.Now = time.Now
+	}
+	if o.IsRoot == nil {
+		o.IsRoot = func() bool { return os.Geteuid() == 0 }
 	}
 	// One read of the file for every check, so they judge the same content.
 	cfg, cfgErr := config.Load(path, o.ParseOptions)
@@ -116,8 +128,8 @@ func DoctorChecks(path string, o DoctorOptions) []Check {
 		idOnce.Do(func() { id, idErr = agent.LoadIdentity(DataDir(cfg), &nodekey.Host{}) })
 		return id, idErr
 	}
-	return []Check{
-		CheckFunc("config", func(context.Context) Result { return checkConfig(path, cfgErr) }),
+	checks := []Check{
+		CheckFunc("config", func(context.Context) Result { return checkConfig(path, cfg, cfgErr) }),
 		CheckFunc("identity", func(context.Context) Result {
 			if cfgErr != nil {
 				return Result{Fail, "config.toml does not load, so data_dir is unknown"}
@@ -145,15 +157,38 @@ func DoctorChecks(path string, o DoctorOptions) []Check {
 			return checkUpdate(cfg, path)
 		}),
 	}
+	if cfgErr == nil && cfg.Helper != nil {
+		checks = append(checks, helperChecks(cfg, path, o.IsRoot())...)
+	}
+	if hasLibvirt(hostLibvirtFiles) {
+		checks = append(checks, CheckFunc("libvirt", func(context.Context) Result {
+			if cfgErr != nil {
+				return Result{Fail, "config.toml does not load, so [helper] is unknown"}
+			}
+			return checkLibvirt(cfg, hostLibvirtFiles)
+		}))
+	}
+	return checks
 }
 
-func checkConfig(path string, loadErr error) Result {
+func checkConfig(path string, cfg *config.Config, loadErr error) Result {
 	if loadErr != nil {
 		return Result{Fail, loadErr.Error()}
 	}
 	perm, err := config.Permissions(path)
 	if err != nil {
 		return Result{Warn, fmt.Sprintf("%s loads, but its permissions are unknown: %v", path, err)}
+	}
+	if cfg.Helper != nil && perm.Mode&0o077 == 0o040 {
+		// A helper node's config.toml is 0640 with the node user's group, so
+		// the unprivileged node can read it (spec "Running bcd node
+		// unprivileged", step 4); chmod 600 would lock it out. Whether that
+		// group is the node's, and root owns the file, the helper check says.
+		name := helper.UserName(cfg)
+		if u, err := user.Lookup(name); err == nil && u.Gid == strconv.Itoa(int(perm.GID)) {
+			return Result{OK, fmt.Sprintf("%s loads (%s, group %d: bcd node reads it as %s)", path, perm, perm.GID, name)}
+		}
+		return Result{Warn, fmt.Sprintf("%s loads, but it is readable by group %d, not by the primary group of [helper] user %s (%s); chown root:%s %s", path, perm.GID, name, perm, name, path)}
 	}
 	if !perm.OK() {
 		return Result{Warn, fmt.Sprintf("%s loads, but anyone besides its owner may touch it (%s); chmod 600 %s", path, perm, path)}

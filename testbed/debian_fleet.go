@@ -121,6 +121,9 @@ type DiskVM struct {
 	// can read the EK before the boot (ReadSWTPMEK) and enroll it. Close stops
 	// that swtpm.
 	TPMState string
+	// Reboots makes the guest's reboot boot the disk again instead of
+	// ending the VM (VMConfig.Reboots): a node rebooted by nodes reboot.
+	Reboots bool
 }
 
 // StartDiskVMWith starts a VM as StartDiskVM does, with a TPM when d says so.
@@ -159,7 +162,7 @@ func (f *Fleet) StartDiskVMWith(d DiskVM) (*VM, error) {
 		tpmNote = ", swtpm " + d.TPMState
 	}
 	vm, err := StartVM(f.site, VMConfig{Name: name, Dir: vmDir, Firmware: BIOS, MemoryMB: 1024,
-		Tap: tap, MAC: mac, Disk: disk, Extra: extra})
+		Tap: tap, MAC: mac, Disk: disk, Reboots: d.Reboots, Extra: extra})
 	if err != nil {
 		return nil, err
 	}

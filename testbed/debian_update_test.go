@@ -30,7 +30,9 @@ import (
 // order, the commands the test publishes for this machine on the lab's image
 // server (cmd-1.sh, cmd-2.sh, …, fetched through the site's proxy), printing
 // their output and exit code. A command runs once; the next is only looked
-// for after it.
+// for after it, and the next one's number survives a reboot
+// (/var/lib/bcd-lab-probe.next), so a rebooted machine runs no command
+// twice. Each boot it prints the kernel's boot id.
 const probeScript = `#!/bin/sh
 set -u
 d=/etc/bcd-lab-probe
@@ -49,7 +51,7 @@ changed() {
 	if [ -f "$f" ] && [ "$(cat "$f")" = "$2" ]; then return 1; fi
 	printf '%s' "$2" >"$f"
 }
-n=1
+n=$(cat /var/lib/bcd-lab-probe.next 2>/dev/null || echo 1)
 round=0
 while :; do
 	# Every line again now and then: one that the kernel's messages garbled
@@ -73,6 +75,8 @@ while :; do
 		e=absent
 	fi
 	changed entrypoint "$e" && say "entrypoint: $e"
+	b=$(cat /proc/sys/kernel/random/boot_id)
+	changed boot "$b" && say "boot: $b"
 	if [ -f /var/lib/bcd/identity.json ]; then
 		i=$(grep -o '"node_id": *"[^"]*"' /var/lib/bcd/identity.json)
 		changed identity "$i" && say "identity: $i"
@@ -90,6 +94,8 @@ while :; do
 		sed "s/^/bcd-lab: cmd $n: /" /run/bcd-lab-cmd.log
 		say "cmd $n: exited $rc"
 		n=$((n + 1))
+		echo "$n" >/var/lib/bcd-lab-probe.next
+		sync
 	fi
 	sleep 2
 done
@@ -149,7 +155,7 @@ type updVM struct {
 }
 
 var (
-	probeLine   = regexp.MustCompile(`bcd-lab: (update|update-error|entrypoint|identity|bcd\.service|rollback): ([^\r\n]*)`)
+	probeLine   = regexp.MustCompile(`bcd-lab: (update|update-error|entrypoint|boot|identity|bcd\.service|rollback): ([^\r\n]*)`)
 	identityRe  = regexp.MustCompile(`"node_id"\s*:\s*"(n_[a-z0-9]+)"`)
 	releaseIDRe = regexp.MustCompile(`\bro_[A-Za-z0-9]+`)
 	commandIDRe = regexp.MustCompile(`\bcmd_[A-Za-z0-9]+`)
@@ -991,16 +997,26 @@ func (w *labWatch) run(ctx context.Context, vms []*updVM) {
 // probe to run it, and returns its output lines and exit code.
 func runOnVM(t *testing.T, ctx context.Context, f *Fleet, m *updVM, script string, fail func(error)) ([]string, int) {
 	t.Helper()
+	out, rc, err := tryOnVM(ctx, f, m, script, 10*time.Minute)
+	if err != nil {
+		fail(err)
+	}
+	return out, rc
+}
+
+// tryOnVM is runOnVM returning its error, waiting at most timeout: for a
+// test's failure path, which gathers the machine's logs with it.
+func tryOnVM(ctx context.Context, f *Fleet, m *updVM, script string, timeout time.Duration) ([]string, int, error) {
 	m.cmds++
 	n := m.cmds
 	if _, err := f.Publish(fmt.Sprintf("lab/%s/cmd-%d.sh", m.name, n), []byte(script)); err != nil {
-		fail(err)
+		return nil, 0, err
 	}
-	wctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	exit, err := m.vm.WaitConsole(wctx, regexp.MustCompile(fmt.Sprintf(`bcd-lab: cmd %d: exited (\d+)`, n)))
 	if err != nil {
-		fail(err)
+		return nil, 0, fmt.Errorf("%s: command %d: %w", m.name, n, err)
 	}
 	var rc int
 	fmt.Sscanf(exit[strings.LastIndex(exit, " ")+1:], "%d", &rc)
@@ -1014,7 +1030,7 @@ func runOnVM(t *testing.T, ctx context.Context, f *Fleet, m *updVM, script strin
 		}
 		out = append(out, l)
 	}
-	return out, rc
+	return out, rc, nil
 }
 
 // releaseKey makes a release signing key (release keygen) and returns its
@@ -1072,11 +1088,11 @@ func signLabCopy(signer, dir, downloads, bare, version string, seq int, expires 
 }
 
 // installScript generates the install script of release r for pool, pinning
-// pin for self-update.
-func installScript(bin FleetBinaries, f *Fleet, pool string, r labRelease, pin string) (string, error) {
-	out, err := exec.Command(bin.BetterCompute, "daemon", "install-script", "--pool", pool, "--site", "lab",
+// pin for self-update, with extra flags (--unprivileged, --attestor tpm).
+func installScript(bin FleetBinaries, f *Fleet, pool string, r labRelease, pin string, extra ...string) (string, error) {
+	out, err := exec.Command(bin.BetterCompute, append([]string{"daemon", "install-script", "--pool", pool, "--site", "lab",
 		"--gateway-url", GatewayURL, "--base-url", APIURL, "--bcd-version", r.Version,
-		"--release-manifest", r.Manifest, "--release-pins", pin, "--pki", f.PKIDir()).Output()
+		"--release-manifest", r.Manifest, "--release-pins", pin, "--pki", f.PKIDir()}, extra...)...).Output()
 	if err != nil {
 		return "", fmt.Errorf("daemon install-script %s: %v", r.Version, err)
 	}

@@ -47,6 +47,10 @@ type VMConfig struct {
 	NoNICROM bool
 	// Accel is "tcg" or "kvm"; empty means Accelerator()'s choice.
 	Accel string
+	// Reboots makes a guest's reboot restart the VM, as a machine without a
+	// BMC does; by default QEMU exits (-no-reboot), so that a BMC's power on
+	// decides what boots next.
+	Reboots bool
 	// Extra QEMU arguments.
 	Extra []string
 }
@@ -86,7 +90,9 @@ func (c VMConfig) Args() ([]string, error) {
 		"-qmp", "unix:" + filepath.Join(c.Dir, "qmp.sock") + ",server=on,wait=off",
 		"-pidfile", filepath.Join(c.Dir, "qemu.pid"),
 		"-device", "virtio-rng-pci",
-		"-no-reboot",
+	}
+	if !c.Reboots {
+		a = append(a, "-no-reboot")
 	}
 	if accel == "kvm" {
 		a = append(a, "-accel", "kvm", "-cpu", "host")

@@ -530,19 +530,36 @@ func TestJoinHandsTheIdentityToTheNode(t *testing.T) {
 	f.env[EnvToken] = goodToken
 	rewriteConfig(t, f.o.ConfigPath, func(c *config.Config) { c.Helper = &config.Helper{User: "nobody"} })
 	f.o.IsRoot = func() bool { return os.Geteuid() == 0 }
+	handedOver := func(when string) {
+		t.Helper()
+		for _, name := range []string{agent.KeyFile, agent.IdentityFile} {
+			fi, err := os.Lstat(filepath.Join(f.dataDir, name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			st := fi.Sys().(*syscall.Stat_t)
+			if strconv.Itoa(int(st.Uid)) != u.Uid || strconv.Itoa(int(st.Gid)) != u.Gid {
+				t.Errorf("%s: %s owned by %d:%d, want %s:%s", when, name, st.Uid, st.Gid, u.Uid, u.Gid)
+			}
+		}
+	}
+	// A new join.
 	if err := f.run(t); err != nil {
 		t.Fatal(err)
 	}
+	handedOver("after a new join")
+	// An already joined machine whose files are root's (a join from before
+	// [helper] was added, or an operator's chown): the rerun hands them over.
 	for _, name := range []string{agent.KeyFile, agent.IdentityFile} {
-		fi, err := os.Lstat(filepath.Join(f.dataDir, name))
-		if err != nil {
+		if err := os.Lchown(filepath.Join(f.dataDir, name), 0, 0); err != nil {
 			t.Fatal(err)
 		}
-		st := fi.Sys().(*syscall.Stat_t)
-		if strconv.Itoa(int(st.Uid)) != u.Uid || strconv.Itoa(int(st.Gid)) != u.Gid {
-			t.Errorf("%s owned by %d:%d, want %s:%s", name, st.Uid, st.Gid, u.Uid, u.Gid)
-		}
 	}
+	f.out.Reset()
+	if err := f.run(t); err != nil || !strings.Contains(f.out.String(), "already joined as ") {
+		t.Fatalf("the second join: %v, %q, want already joined", err, f.out.String())
+	}
+	handedOver("after an already joined run")
 }
 
 // The bootstrap from the well-known document.

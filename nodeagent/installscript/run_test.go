@@ -197,14 +197,22 @@ func TestScriptRunsForReal(t *testing.T) {
 	if !strings.Contains(string(conf), "\n[helper]\nsocket = \"/run/bcd-helper/helper.sock\"\nuser = \"bcd\"\ninstance_bridges = \"br0\"\n") {
 		t.Errorf("config.toml of an unprivileged node:\n%s", conf)
 	}
-	root.wantMode(t, "/usr/local/lib/bcd", 0o755)
-	root.wantOwner(t, "/var/lib/bcd/identity.json", 0, root.uid(t, "bcd"), root.gid(t, "bcd"))
+	root.wantOwner(t, "/usr/local/lib/bcd", 0o755, 0, 0)
+	for _, p := range []string{"/var/lib/bcd", "/var/lib/bcd/identity.json", "/var/lib/bcd/node.key"} {
+		root.wantOwner(t, p, 0, root.uid(t, "bcd"), root.gid(t, "bcd"))
+	}
 	root.wantAbsent(t, PluginsDropInPath)
+	if strings.Contains(root.log(t), "gpasswd") {
+		t.Errorf("a first install without tss or libvirt ran gpasswd:\n%s", root.log(t))
+	}
 	// A rerun keeps helper mode from the configuration and adds no second
 	// account; it takes bcd out of tss (an older script's doing) and sets
-	// libvirt up for the node.
+	// libvirt up for the node; it sets an existing slots directory to 0755.
 	root.clearLog(t)
-	root.appendFile(t, "/etc/group", "tss:x:120:bcd\n")
+	root.appendFile(t, "/etc/group", "tss:x:120:root,bcd\n")
+	if err := os.Chmod(root.path("/usr/local/lib/bcd"), 0o700); err != nil {
+		t.Fatal(err)
+	}
 	root.appendFile(t, "/etc/passwd", "libvirt-qemu:x:64055:120::/var/lib/libvirt:/usr/sbin/nologin\n")
 	root.writeFile(t, "/etc/udev/rules.d/60-bcd-tpm.rules", "KERNEL==\"tpmrm0\", GROUP=\"tss\"\n")
 	root.writeFile(t, "/etc/libvirt/qemu.conf", "# stock\n#dynamic_ownership = 1\nuser = \"libvirt-qemu\"\n")
@@ -219,6 +227,21 @@ func TestScriptRunsForReal(t *testing.T) {
 	if q := string(root.read(t, "/etc/libvirt/qemu.conf")); q != "# stock\ndynamic_ownership = 0\nuser = \"libvirt-qemu\"\n" {
 		t.Errorf("qemu.conf:\n%s", q)
 	}
+	groups := string(root.read(t, "/etc/group"))
+	if !strings.Contains(groups, "\ntss:x:120:root\n") || !strings.Contains(groups, "\nbcd:x:999:libvirt-qemu\n") {
+		t.Errorf("after the rerun bcd should have left tss (root staying) and libvirt-qemu joined bcd:\n%s", groups)
+	}
+	root.wantOwner(t, "/usr/local/lib/bcd", 0o755, 0, 0)
+	// Once bcd is out of tss, a rerun leaves tss alone.
+	root.clearLog(t)
+	lastLine(t, root.run(t, h.script(t, "0.1.1", nil), "", 0), "bcd upgraded to 0.1.1 and restarted.")
+	if log := root.log(t); strings.Contains(log, "gpasswd -d") {
+		t.Errorf("a rerun with bcd not in tss ran gpasswd -d:\n%s", log)
+	}
+	if after := string(root.read(t, "/etc/group")); !strings.Contains(after, "\ntss:x:120:root\n") {
+		t.Errorf("a rerun with bcd not in tss changed the group file:\n%s", after)
+	}
+	root.wantAbsent(t, "/etc/udev/rules.d/60-bcd-tpm.rules")
 	// Without [helper] the node is root's again: the drop-in goes, the files are root's.
 	conf = root.read(t, "/etc/bcd/config.toml")
 	root.writeFile(t, "/etc/bcd/config.toml", string(conf[:bytes.Index(conf, []byte("\n[helper]"))+1]))
@@ -551,7 +574,18 @@ func (h *harness) newRoot(t *testing.T) *chroot {
 	r.writeExec(t, "/usr/bin/systemctl", record+"case $1 in is-active) exit 3 ;; esac\n")
 	r.writeExec(t, "/usr/sbin/useradd", record+"for name; do :; done\n"+
 		"echo \"$name:x:999:999::/var/lib/bcd:/usr/sbin/nologin\" >>/etc/passwd\necho \"$name:x:999:\" >>/etc/group\n")
-	r.writeExec(t, "/usr/sbin/gpasswd", record)
+	// gpasswd -a/-d USER GROUP edits the group file as the real one does, so
+	// a test sees who is a member afterwards, not only that it was called.
+	r.writeExec(t, "/usr/sbin/gpasswd", record+`case $1 in -a | -d) ;; *) exit 2 ;; esac
+awk -F: -v OFS=: -v op="$1" -v u="$2" -v g="$3" '
+$1 == g {
+	n = split($4, m, ","); out = ""
+	for (i = 1; i <= n; i++) if (m[i] != u && m[i] != "") out = out (out == "" ? "" : ",") m[i]
+	if (op == "-a") out = out (out == "" ? "" : ",") u
+	$4 = out
+}
+{ print }' /etc/group >/etc/group.new && mv /etc/group.new /etc/group
+`)
 	return r
 }
 
