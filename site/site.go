@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/better-compute/bcd/agent"
@@ -58,6 +59,11 @@ type Site struct {
 	// PluginRuntimeDir holds the plugins' sockets; empty means
 	// pluginhost.DefaultRuntimeDir.
 	PluginRuntimeDir string
+	// BMCObserver, if set, hears of every bmc.* command a driver ran: its
+	// operation (a BMCOp* value), how long it took and, when it failed, the
+	// protocol reason of its FAILED status ("" when it succeeded). The
+	// metrics endpoint's histogram; it must not block.
+	BMCObserver func(op, reason string, took time.Duration)
 
 	// DHCPAddr, PXEAddr and DHCPBroadcast replace the proxyDHCP's ports 67 and
 	// 4011 and its broadcast destination (boot.ProxyDHCP's Addr, PXEAddr and
@@ -85,6 +91,9 @@ type Site struct {
 
 	addrMu sync.Mutex
 	addrs  Addrs
+
+	// running is boot once it serves, for Stats on other goroutines.
+	running atomic.Pointer[bootServers]
 }
 
 // Addrs are where the site's servers listen; a zero value is a server not running.
@@ -290,6 +299,8 @@ func (s *Site) Run(ctx context.Context) error {
 	}
 	if s.boot != nil {
 		s.boot.serve(sctx, &wg, errc)
+		s.running.Store(s.boot)
+		defer s.running.Store(nil)
 	}
 	s.log.Info("bcd site started", "node_id", id.NodeID, "site", s.siteName(), "gateway", c.GatewayURL, "boot", c.Boot != nil, "socket", s.socketPath(), "boot_id", bootID)
 
