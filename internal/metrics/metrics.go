@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -29,10 +31,28 @@ func NewRegistry() *prometheus.Registry {
 	return reg
 }
 
+// CheckAddr says what is wrong with a listen address: host:port with a port
+// from 1 to 65535 and a host that is empty (every address), an IP address or
+// a name.
+func CheckAddr(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%q is not host:port (such as 127.0.0.1:9464)", addr)
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+		return fmt.Errorf("%q has no valid port (1 to 65535)", addr)
+	}
+	if host != "" && strings.ContainsAny(host, " /\\?#@") {
+		return fmt.Errorf("%q: %q is neither an IP address nor a host name", addr, host)
+	}
+	return nil
+}
+
 // Server serves a registry on Path over plain HTTP. Metrics carry no secret
 // (no MAC, no machine name, no token), so the endpoint has no authentication:
 // bind it to an address only the monitoring network reaches.
 type Server struct {
+	reg  *prometheus.Registry
 	ln   net.Listener
 	srv  *http.Server
 	once sync.Once
@@ -63,7 +83,7 @@ func Listen(addr string, reg *prometheus.Registry, log *slog.Logger) (*Server, e
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "not found: metrics are at "+Path, http.StatusNotFound)
 	})
-	return &Server{ln: ln, done: make(chan struct{}), srv: &http.Server{
+	return &Server{reg: reg, ln: ln, done: make(chan struct{}), srv: &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
@@ -72,6 +92,9 @@ func Listen(addr string, reg *prometheus.Registry, log *slog.Logger) (*Server, e
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 	}}, nil
 }
+
+// Registry is the registry served, for collectors made after Listen.
+func (s *Server) Registry() *prometheus.Registry { return s.reg }
 
 // Addr is where the server listens.
 func (s *Server) Addr() net.Addr { return s.ln.Addr() }
