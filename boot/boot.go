@@ -5,7 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/better-compute/bcd/protocol"
@@ -39,10 +39,10 @@ type TableFunc func(mac net.HardwareAddr) (Entry, bool)
 func (f TableFunc) Lookup(mac net.HardwareAddr) (Entry, bool) { return f(mac) }
 
 // MemTable is a Table held in memory, replaced whole by Set; the zero value is empty
-// and ready to use.
+// and ready to use. Lookups read a snapshot without a lock: in a boot storm every
+// packet looks a MAC up, from every core.
 type MemTable struct {
-	mu      sync.RWMutex
-	entries map[[6]byte]Entry
+	entries atomic.Pointer[map[[6]byte]Entry]
 }
 
 // Set replaces the table's entries. Keys are MACs as protocol.ParseMAC accepts them.
@@ -58,9 +58,7 @@ func (t *MemTable) Set(entries map[string]Entry) error {
 		}
 		m[[6]byte(mac)] = e
 	}
-	t.mu.Lock()
-	t.entries = m
-	t.mu.Unlock()
+	t.entries.Store(&m)
 	return nil
 }
 
@@ -69,9 +67,15 @@ func (t *MemTable) Lookup(mac net.HardwareAddr) (Entry, bool) {
 	if len(mac) != 6 {
 		return Entry{}, false
 	}
-	t.mu.RLock()
-	e, ok := t.entries[[6]byte(mac)]
-	t.mu.RUnlock()
+	return t.lookup([6]byte(mac))
+}
+
+func (t *MemTable) lookup(mac [6]byte) (Entry, bool) {
+	m := t.entries.Load()
+	if m == nil {
+		return Entry{}, false
+	}
+	e, ok := (*m)[mac]
 	return e, ok
 }
 

@@ -1,6 +1,7 @@
 package boot
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -52,17 +53,44 @@ const (
 
 // DHCPStats counts what a ProxyDHCP did with the packets it read.
 type DHCPStats struct {
-	Received   uint64 // packets read
-	Malformed  uint64 // not a DHCP packet, or a PXE option of the wrong length: dropped
-	Ignored    uint64 // not for us: not PXE, no boot entry, an architecture without a binary, a REQUEST on 67 (the site DHCP server's)
-	Offers     uint64 // OFFERs sent (port 67)
-	Acks       uint64 // ACKs sent (port 4011)
-	SendErrors uint64 // replies the kernel refused
-	ReadErrors uint64 // failed reads other than the socket closing
+	Received  uint64 // packets read
+	Malformed uint64 // not a DHCP packet, or a PXE option of the wrong length: dropped
+	Ignored   uint64 // not for us: not PXE, no boot entry, an architecture without a binary, a REQUEST on 67 (the site DHCP server's)
+	// IgnoredByReason splits Ignored by the Ignored* reasons; every reason is
+	// present, and the values add up to Ignored.
+	IgnoredByReason map[string]uint64
+	Offers          uint64 // OFFERs sent (port 67)
+	Acks            uint64 // ACKs sent (port 4011)
+	SendErrors      uint64 // replies the kernel refused
+	ReadErrors      uint64 // failed reads other than the socket closing
 }
 
 type dhcpCounters struct {
 	received, malformed, ignored, offers, acks, sendErrors, readErrors atomic.Uint64
+	// ignoredBy counts ignored packets by silence; silMalformed counts in malformed.
+	ignoredBy [silNoEntry + 1]atomic.Uint64
+}
+
+// count counts a silence as malformed or as ignored for its reason.
+func (c *dhcpCounters) count(why silence) {
+	if why == silMalformed {
+		c.malformed.Add(1)
+		return
+	}
+	c.ignoredBy[why].Add(1)
+	c.ignored.Add(1)
+}
+
+// ignoredByReason is the export of the Ignored* reasons.
+func (c *dhcpCounters) ignoredByReason() map[string]uint64 {
+	n := func(w silence) uint64 { return c.ignoredBy[w].Load() }
+	return map[string]uint64{
+		IgnoredNotPXE:    n(silNotPXE),
+		IgnoredNoEntry:   n(silNoEntry),
+		IgnoredNoBinary:  n(silArch) + n(silNoArch),
+		IgnoredRequest67: n(silRequest67),
+		IgnoredOther:     n(silNotOurs),
+	}
 }
 
 // ProxyDHCP is a proxyDHCP server (PXE specification 2.1, the "PXE Proxy DHCP"
@@ -120,23 +148,29 @@ type ProxyDHCP struct {
 	pxeConn   *net.UDPConn
 	dhcpPort  uint16
 	broadcast netip.AddrPort
-	serverIP  net.IP
-	oob       []byte // IP_PKTINFO making ServerIP the source of every reply
-	base      string // URL without a trailing slash
-	log       *slog.Logger
-	warned    atomic.Bool
+	serverIP4 [4]byte
+	// What every reply needs, computed once by setup.
+	serverName                                               string // ServerIP as text: sname of TFTP replies
+	biosFile, efiFile, arm64File, efiHTTPFile, arm64HTTPFile string
+	localHTTPFile                                            string
+	oob                                                      []byte // IP_PKTINFO making ServerIP the source of every reply
+	base                                                     string // URL without a trailing slash
+	log                                                      *slog.Logger
+	warned                                                   atomic.Bool
 }
 
-// Stats returns the counters so far.
+// Stats returns the counters so far. Each is exact; read while packets arrive, they
+// are not one instant's (Ignored may be read before IgnoredByReason catches up).
 func (s *ProxyDHCP) Stats() DHCPStats {
 	return DHCPStats{
-		Received:   s.stats.received.Load(),
-		Malformed:  s.stats.malformed.Load(),
-		Ignored:    s.stats.ignored.Load(),
-		Offers:     s.stats.offers.Load(),
-		Acks:       s.stats.acks.Load(),
-		SendErrors: s.stats.sendErrors.Load(),
-		ReadErrors: s.stats.readErrors.Load(),
+		Received:        s.stats.received.Load(),
+		Malformed:       s.stats.malformed.Load(),
+		Ignored:         s.stats.ignored.Load(),
+		IgnoredByReason: s.stats.ignoredByReason(),
+		Offers:          s.stats.offers.Load(),
+		Acks:            s.stats.acks.Load(),
+		SendErrors:      s.stats.sendErrors.Load(),
+		ReadErrors:      s.stats.readErrors.Load(),
 	}
 }
 
@@ -218,8 +252,14 @@ func (s *ProxyDHCP) setup() error {
 		}
 		s.broadcast = netip.AddrPortFrom(netip.AddrFrom4([4]byte{255, 255, 255, 255}), 68)
 	}
-	ip := s.ServerIP.As4()
-	s.serverIP = net.IP(ip[:])
+	s.serverIP4 = s.ServerIP.As4()
+	s.serverName = s.ServerIP.String()
+	s.biosFile = cmpOr(s.BIOSBinary, ipxe.BIOS)
+	s.efiFile = cmpOr(s.EFIBinary, ipxe.EFI)
+	s.arm64File = cmpOr(s.ARM64Binary, ipxe.ARM64)
+	s.efiHTTPFile = s.base + "/ipxe/" + s.efiFile
+	s.arm64HTTPFile = s.base + "/ipxe/" + s.arm64File
+	s.localHTTPFile = s.base + "/ipxe/" + LocalBootFile
 	s.log = s.Logger
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -279,8 +319,9 @@ func (s *ProxyDHCP) Serve(ctx context.Context) error {
 
 func (s *ProxyDHCP) loop(c *net.UDPConn, pxePort bool) {
 	// Room for any datagram, so that an oversized one is seen whole and rejected
-	// rather than parsed truncated.
+	// rather than parsed truncated; the reply is built in out, reused.
 	buf := make([]byte, 64<<10)
+	out := make([]byte, 0, 1024)
 	for {
 		n, src, err := c.ReadFromUDPAddrPort(buf)
 		if err != nil {
@@ -292,7 +333,7 @@ func (s *ProxyDHCP) loop(c *net.UDPConn, pxePort bool) {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
-		reply, dst, ok := s.handleSafe(buf[:n], pxePort, src)
+		reply, dst, ok := s.handleSafe(buf[:n], out[:0], pxePort, src)
 		if !ok {
 			continue
 		}
@@ -302,12 +343,15 @@ func (s *ProxyDHCP) loop(c *net.UDPConn, pxePort bool) {
 				s.log.Warn("proxyDHCP: sending a reply failed (further failures are only counted)", "to", dst, "err", err)
 			}
 		}
+		if cap(reply) <= 64<<10 {
+			out = reply[:0] // keep a buffer that grew for a long relay option
+		}
 	}
 }
 
 // handleSafe is handle that survives a bug in the DHCP codec: one bad packet must
 // not take the boot server down for every machine.
-func (s *ProxyDHCP) handleSafe(b []byte, pxePort bool, src netip.AddrPort) (reply []byte, dst netip.AddrPort, ok bool) {
+func (s *ProxyDHCP) handleSafe(b, out []byte, pxePort bool, src netip.AddrPort) (reply []byte, dst netip.AddrPort, ok bool) {
 	defer func() {
 		if r := recover(); r != nil {
 			s.stats.malformed.Add(1)
@@ -315,15 +359,24 @@ func (s *ProxyDHCP) handleSafe(b []byte, pxePort bool, src netip.AddrPort) (repl
 			reply, ok = nil, false
 		}
 	}()
-	return s.handle(b, pxePort, src)
+	return s.handle(b, out, pxePort, src)
 }
 
-// handle decides the answer to one datagram: the reply and where it goes, or ok
-// false for silence. It never panics on any input (FuzzHandleDHCP).
-func (s *ProxyDHCP) handle(b []byte, pxePort bool, src netip.AddrPort) (reply []byte, dst netip.AddrPort, ok bool) {
+// handle decides the answer to one datagram: the reply, appended to out, and where
+// it goes, or ok false for silence. It never panics on any input (FuzzHandleDHCP),
+// and on the answering path it allocates nothing but the observer's event.
+func (s *ProxyDHCP) handle(b, out []byte, pxePort bool, src netip.AddrPort) (reply []byte, dst netip.AddrPort, ok bool) {
 	s.stats.received.Add(1)
 	debug := s.log.Enabled(context.Background(), slog.LevelDebug)
-	req, err := dhcpv4.FromBytes(b)
+	var req request
+	repeated, err := parseRequest(b, &req)
+	if err == nil && repeated {
+		// RFC 3396 concatenation: rare enough to leave to dhcpv4.
+		var p *dhcpv4.DHCPv4
+		if p, err = dhcpv4.FromBytes(b); err == nil {
+			requestFromDHCPv4(p, &req)
+		}
+	}
 	if err != nil {
 		s.stats.malformed.Add(1)
 		if debug {
@@ -331,20 +384,16 @@ func (s *ProxyDHCP) handle(b []byte, pxePort bool, src netip.AddrPort) (reply []
 		}
 		return nil, dst, false
 	}
-	d, why := s.decide(req, pxePort)
-	if d == nil {
-		if why == whyMalformed {
-			s.stats.malformed.Add(1)
-		} else {
-			s.stats.ignored.Add(1)
-		}
+	d, why := s.decide(&req, pxePort)
+	if why != answered {
+		s.stats.count(why)
 		if debug {
-			s.log.Debug("proxyDHCP: not answering", "from", src, "mac", req.ClientHWAddr, "reason", why)
+			s.log.Debug("proxyDHCP: not answering", "from", src, "mac", req.macCopy(), "reason", why.String())
 		}
 		return nil, dst, false
 	}
-	reply = s.reply(req, d, pxePort).ToBytes()
-	dst = s.destination(req, pxePort, src)
+	reply = s.appendReply(out, &req, &d, pxePort)
+	dst = s.destination(&req, pxePort, src)
 	served := ServedOffer
 	if d.ack {
 		served = ServedAck
@@ -353,20 +402,20 @@ func (s *ProxyDHCP) handle(b []byte, pxePort bool, src netip.AddrPort) (reply []
 		s.stats.offers.Add(1)
 	}
 	if debug {
-		s.log.Debug("proxyDHCP: answering", "served", served, "mac", req.ClientHWAddr, "arch", d.arch, "ipxe", d.ipxe, "file", d.file, "to", dst)
+		s.log.Debug("proxyDHCP: answering", "served", served, "mac", req.macCopy(), "arch", d.arch, "ipxe", d.ipxe, "file", d.file, "to", dst)
 	}
 	if s.Observer != nil {
 		ev := Event{
 			Time:   time.Now(),
 			Served: served,
-			MAC:    req.ClientHWAddr,
+			MAC:    req.macCopy(),
 			Arch:   d.arch,
-			GUID:   smbiosUUID(req.Options[optClientGUID]),
+			GUID:   smbiosUUID(req.guid),
 			IPXE:   d.ipxe,
 			File:   d.file,
 		}
-		if ip, ok := netip.AddrFromSlice(req.ClientIPAddr); ok && !ip.Unmap().IsUnspecified() {
-			ev.IP = ip.Unmap()
+		if ip := netip.AddrFrom4(req.ciaddr); !ip.IsUnspecified() {
+			ev.IP = ip
 		}
 		s.Observer.Observe(ev)
 	}
@@ -384,76 +433,108 @@ type decision struct {
 	discovery   bool   // BIOS: tell the PXE ROM to skip boot server discovery
 }
 
+// silence is why a request gets no answer.
+type silence uint8
+
+const (
+	answered silence = iota
+	silMalformed
+	silNotOurs
+	silRequest67
+	silNotPXE
+	silNoArch
+	silArch
+	silNoEntry
+)
+
 // Reasons for silence, for the debug log.
 const (
 	whyMalformed = "malformed PXE option"
 	whyNotOurs   = "not a request this server answers"
+	whyRequest67 = "a REQUEST on port 67: the site DHCP server's"
 	whyNotPXE    = "not a PXE client"
 	whyNoArch    = "no client architecture (option 93)"
 	whyArch      = "no boot file for this architecture"
 	whyNoEntry   = "no boot entry for this MAC"
 )
 
+func (w silence) String() string {
+	return [...]string{"", whyMalformed, whyNotOurs, whyRequest67, whyNotPXE, whyNoArch, whyArch, whyNoEntry}[w]
+}
+
+// Reasons in DHCPStats.IgnoredByReason.
+const (
+	IgnoredNotPXE    = "not-pxe"       // no PXEClient or HTTPClient vendor class
+	IgnoredNoEntry   = "no-entry"      // the MAC has no boot entry
+	IgnoredNoBinary  = "no-binary"     // an architecture without a boot file, or none given by a non-iPXE client
+	IgnoredRequest67 = "request-on-67" // a REQUEST on port 67, for the site DHCP server
+	IgnoredOther     = "other"         // not a BOOTREQUEST, not Ethernet, or a message type the port does not answer
+)
+
 // LocalBootFile is the boot file a machine whose entry is local gets from firmware
 // PXE: no server has it, so the firmware fails fast and boots its next option.
 const LocalBootFile = "bcd-boot-local-disk"
 
-func (s *ProxyDHCP) decide(req *dhcpv4.DHCPv4, pxePort bool) (*decision, string) {
-	if req.OpCode != dhcpv4.OpcodeBootRequest || len(req.ClientHWAddr) != 6 {
-		return nil, whyNotOurs
+func (s *ProxyDHCP) decide(req *request, pxePort bool) (decision, silence) {
+	d := decision{arch: -1}
+	if req.op != byte(dhcpv4.OpcodeBootRequest) || req.hlen != 6 {
+		return d, silNotOurs
 	}
-	d := &decision{arch: -1}
-	switch mt := req.MessageType(); {
+	switch mt := dhcpv4.MessageType(req.msgType); {
 	case pxePort && (mt == dhcpv4.MessageTypeRequest || mt == dhcpv4.MessageTypeInform):
 		d.ack = true
 	case !pxePort && mt == dhcpv4.MessageTypeDiscover:
+	case !pxePort && mt == dhcpv4.MessageTypeRequest:
+		return d, silRequest67
 	default:
-		return nil, whyNotOurs
+		return d, silNotOurs
 	}
-	class := string(req.Options[optClassID])
-	http := strings.HasPrefix(class, "HTTPClient")
-	if !http && !strings.HasPrefix(class, "PXEClient") {
-		return nil, whyNotPXE
+	http := bytes.HasPrefix(req.class, []byte("HTTPClient"))
+	if !http && !bytes.HasPrefix(req.class, []byte("PXEClient")) {
+		return d, silNotPXE
 	}
-	if a, ok := req.Options[optClientArch]; ok {
+	if a := req.arch; a != nil {
 		if len(a) < 2 || len(a)%2 != 0 {
-			return nil, whyMalformed
+			return d, silMalformed
 		}
 		d.arch = int(a[0])<<8 | int(a[1])
 	}
-	if g, ok := req.Options[optClientGUID]; ok && len(g) != 17 {
-		return nil, whyMalformed
+	if req.guid != nil && len(req.guid) != 17 {
+		return d, silMalformed
 	}
-	d.ipxe = isIPXE(req.Options)
+	d.ipxe = req.ipxeEncap || isIPXEUserClass(req.userClass)
 	if d.arch < 0 && !d.ipxe {
-		return nil, whyNoArch
+		return d, silNoArch
 	}
 	d.vendorClass = "PXEClient"
 	if http {
 		d.vendorClass = "HTTPClient"
 	}
-	mac := req.ClientHWAddr
+	mac := req.mac()
 	switch {
 	case d.ipxe:
 		// Already iPXE: straight to its script, or it would chain-load iPXE forever.
-		d.file = s.base + "/ipxe/" + mac.String() + ".ipxe"
+		// Built only once the table says the MAC boots.
 	case d.arch == archBIOS:
-		d.file, d.tftp, d.discovery = cmpOr(s.BIOSBinary, ipxe.BIOS), true, true
+		d.file, d.tftp, d.discovery = s.biosFile, true, true
 	case d.arch == archEFIIA32 || d.arch == archEFIBC || d.arch == archEFIx64:
-		d.file, d.tftp = cmpOr(s.EFIBinary, ipxe.EFI), true
+		d.file, d.tftp = s.efiFile, true
 	case d.arch == archEFIARM64:
-		d.file, d.tftp = cmpOr(s.ARM64Binary, ipxe.ARM64), true
+		d.file, d.tftp = s.arm64File, true
 	case d.arch == archEFIx64HTTP:
-		d.file, d.vendorClass = s.base+"/ipxe/"+cmpOr(s.EFIBinary, ipxe.EFI), "HTTPClient"
+		d.file, d.vendorClass = s.efiHTTPFile, "HTTPClient"
 	case d.arch == archARM64HTTP:
-		d.file, d.vendorClass = s.base+"/ipxe/"+cmpOr(s.ARM64Binary, ipxe.ARM64), "HTTPClient"
+		d.file, d.vendorClass = s.arm64HTTPFile, "HTTPClient"
 	default:
-		return nil, whyArch
+		return d, silArch
 	}
 	// The table last: it is the only part that may take a lock.
-	e, ok := s.Table.Lookup(mac)
+	e, ok := s.lookup(req)
 	if !ok {
-		return nil, whyNoEntry
+		return d, silNoEntry
+	}
+	if d.ipxe {
+		d.file = s.base + "/ipxe/" + mac.String() + ".ipxe"
 	}
 	if e.Mode == ModeLocal && !d.ipxe {
 		// A machine that should boot its disk gets iPXE only when iPXE is what asks
@@ -463,21 +544,26 @@ func (s *ProxyDHCP) decide(req *dhcpv4.DHCPv4, pxePort bool) (*decision, string)
 		// chain-loading iPXE only to exit again a whole iPXE boot (UEFI lists PXEv4,
 		// PXEv6, HTTPv4 and HTTPv6 for each NIC before the disk).
 		if d.vendorClass == "HTTPClient" {
-			d.file = s.base + "/ipxe/" + LocalBootFile
+			d.file = s.localHTTPFile
 		} else {
 			d.file = LocalBootFile
 		}
 	}
-	return d, ""
+	return d, answered
 }
 
-// isIPXE reports whether the client is iPXE: user class "iPXE" (raw, as iPXE sends
-// it, or RFC 3004 encoded) or iPXE's encapsulated option 175.
-func isIPXE(o dhcpv4.Options) bool {
-	if _, ok := o[optIPXEEncap]; ok {
-		return true
+// lookup finds the entry of req's MAC. A MemTable is asked by value, so that req
+// stays on the stack; any other Table gets a copy it may keep.
+func (s *ProxyDHCP) lookup(req *request) (Entry, bool) {
+	if t, ok := s.Table.(*MemTable); ok {
+		return t.lookup([6]byte(req.chaddr[:6]))
 	}
-	uc := o[optUserClass]
+	return s.Table.Lookup(net.HardwareAddr(bytes.Clone(req.chaddr[:6])))
+}
+
+// isIPXEUserClass reports whether option 77 says iPXE: raw, as iPXE sends it, or
+// RFC 3004 encoded.
+func isIPXEUserClass(uc []byte) bool {
 	if string(uc) == "iPXE" {
 		return true
 	}
@@ -494,71 +580,17 @@ func isIPXE(o dhcpv4.Options) bool {
 	return false
 }
 
-// reply builds the answer. The message is assembled field by field rather than with
-// dhcpv4.NewReplyFromRequest, which draws a random transaction ID per packet only to
-// overwrite it.
-func (s *ProxyDHCP) reply(req *dhcpv4.DHCPv4, d *decision, pxePort bool) *dhcpv4.DHCPv4 {
-	mt := dhcpv4.MessageTypeOffer
-	if d.ack {
-		mt = dhcpv4.MessageTypeAck
-	}
-	r := &dhcpv4.DHCPv4{
-		OpCode:        dhcpv4.OpcodeBootReply,
-		HWType:        req.HWType,
-		TransactionID: req.TransactionID,
-		Flags:         req.Flags,
-		ClientIPAddr:  net.IPv4zero,
-		YourIPAddr:    net.IPv4zero, // never an address: this is a proxy
-		ServerIPAddr:  s.serverIP,   // firmware ignores a proxy offer without siaddr
-		GatewayIPAddr: req.GatewayIPAddr,
-		ClientHWAddr:  req.ClientHWAddr,
-		BootFileName:  d.file,
-		Options:       dhcpv4.Options{},
-	}
-	if pxePort {
-		r.ClientIPAddr = req.ClientIPAddr
-	} else {
-		r.SetBroadcast()
-	}
-	if d.tftp {
-		r.ServerHostName = s.ServerIP.String()
-	}
-	r.Options[optMessageType] = []byte{byte(mt)}
-	r.Options[optServerID] = s.serverIP
-	r.Options[optClassID] = []byte(d.vendorClass)
-	if g, ok := req.Options[optClientGUID]; ok {
-		r.Options[optClientGUID] = g
-	}
-	if ai, ok := req.Options[optRelayAgentInfo]; ok && !isZero(req.GatewayIPAddr) {
-		r.Options[optRelayAgentInfo] = ai
-	}
-	switch {
-	case d.ack:
-		if item := subOption(req.Options[optVendorSpecific], pxeBootItem); len(item) == 4 {
-			r.Options[optVendorSpecific] = append([]byte{pxeBootItem, 4}, append(item, pxeEnd)...)
-		}
-	case d.discovery:
-		r.Options[optVendorSpecific] = []byte{pxeDiscoveryControl, 1, 8, pxeEnd}
-	}
-	return r
-}
-
 // destination is where a reply goes: to the relay agent for a relayed request, to
 // the client's address once it has one (port 4011), else broadcast where the
 // client listens: firmware takes its offer from 255.255.255.255:68.
-func (s *ProxyDHCP) destination(req *dhcpv4.DHCPv4, pxePort bool, src netip.AddrPort) netip.AddrPort {
-	if gi, ok := netip.AddrFromSlice(req.GatewayIPAddr); ok && !gi.Unmap().IsUnspecified() {
-		return netip.AddrPortFrom(gi.Unmap(), s.dhcpPort)
+func (s *ProxyDHCP) destination(req *request, pxePort bool, src netip.AddrPort) netip.AddrPort {
+	if gi := netip.AddrFrom4(req.giaddr); !gi.IsUnspecified() {
+		return netip.AddrPortFrom(gi, s.dhcpPort)
 	}
 	if pxePort && src.IsValid() && !src.Addr().Unmap().IsUnspecified() {
 		return netip.AddrPortFrom(src.Addr().Unmap(), src.Port())
 	}
 	return s.broadcast
-}
-
-func isZero(ip net.IP) bool {
-	a, ok := netip.AddrFromSlice(ip)
-	return !ok || a.Unmap().IsUnspecified()
 }
 
 // subOption finds code in a sequence of PXE vendor sub-options.
@@ -576,7 +608,7 @@ func subOption(b []byte, code byte) []byte {
 			return nil
 		}
 		if c == code {
-			return append([]byte(nil), b[2:2+n]...)
+			return b[2 : 2+n]
 		}
 		b = b[2+n:]
 	}

@@ -111,9 +111,10 @@ func BenchmarkHandleDHCP(b *testing.B) {
 	req := pxeRequest(b, testMAC, 7, "PXEClient:Arch:00007:UNDI:003010",
 		dhcpv4.WithGeneric(dhcpv4.OptionUserClassInformation, []byte("iPXE"))).ToBytes()
 	src := netip.MustParseAddrPort("0.0.0.0:68")
+	out := make([]byte, 0, 1024)
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, _, ok := s.handle(req, false, src); !ok {
+		if _, _, ok := s.handle(req, out, false, src); !ok {
 			b.Fatal("no answer")
 		}
 	}

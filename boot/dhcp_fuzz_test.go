@@ -31,7 +31,7 @@ func FuzzHandleDHCP(f *testing.F) {
 	s.dhcpPort = 67
 	src := netip.MustParseAddrPort("10.99.0.7:68")
 	f.Fuzz(func(t *testing.T, b []byte, pxePort bool) {
-		reply, dst, ok := s.handle(b, pxePort, src)
+		reply, dst, ok := s.handle(b, nil, pxePort, src)
 		if !ok {
 			return
 		}

@@ -130,7 +130,7 @@ func TestProxyDHCPGolden(t *testing.T) {
 			if err != nil {
 				t.Fatalf("golden packet does not parse: %v", err)
 			}
-			reply, dst, ok := s.handle(b, g.pxePort, netip.MustParseAddrPort(g.src))
+			reply, dst, ok := s.handle(b, nil, g.pxePort, netip.MustParseAddrPort(g.src))
 			if tc.want == nil {
 				if ok {
 					t.Fatalf("answered %s to %s", dst, req.ClientHWAddr)

@@ -47,6 +47,10 @@ type MachineBooted struct {
 	IP         string    `json:"ip,omitempty"`
 	File       string    `json:"file,omitempty"` // what was served
 	Time       time.Time `json:"time"`
+	// Count is how many times the site served this stage to this machine that the
+	// event stands for: a boot storm or a boot loop is coalesced per MAC and stage
+	// into about one event a second. Absent (0) means 1, as sites before it sent.
+	Count int `json:"count,omitempty"`
 }
 
 // BootNonce is the data of a boot.nonce event: the nonce the site put on a machine's

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,12 +17,13 @@ import (
 
 // Defaults of the event reporter.
 const (
-	// DefaultEventInterval is the shortest time between two machine.booted events
+	// DefaultEventInterval is the shortest time between two machine.bootedEvent events
 	// for the same MAC and stage: a machine stuck in a boot loop costs the journal
 	// one entry per stage per interval, not one per packet.
 	DefaultEventInterval = time.Second
-	// eventQueue bounds the events waiting for the journal; beyond it they are
-	// dropped and counted, because the boot servers must never wait.
+	// eventQueue bounds the events waiting for the journal; beyond it an event's
+	// count waits in its burst for a later flush, because the boot servers must
+	// never wait.
 	eventQueue = 1024
 	// ipMACTTL is how long a client address stays attributed to the MAC last seen
 	// with it, for the stages whose protocol carries no MAC (TFTP, kernel, initrd).
@@ -36,8 +38,19 @@ type eventSink interface {
 	Event(protocol.Event) error
 }
 
-// reporter turns what the boot servers report into machine.booted events and mints
-// boot nonces. Observe never blocks: it rate-limits, queues, and run journals.
+// EventStats counts what the event reporter did with what the boot servers served.
+type EventStats struct {
+	Journaled uint64 // machine.bootedEvent events handed to the journal
+	Coalesced uint64 // serves folded into another event's Count instead of an event of their own
+	Dropped   uint64 // serves whose event was lost: the journal refused it, or the tracking table overflowed
+	NoMAC     uint64 // serves to an address no MAC is known for: no event
+}
+
+// reporter turns what the boot servers report into machine.bootedEvent events and mints
+// boot nonces. Observe never blocks and allocates nothing on its usual path: within
+// interval of the last event for a MAC and stage it only counts, and the next event
+// for that MAC and stage says in Count how many serves it stands for (run flushes a
+// burst's count once its interval is over, so none is lost when the storm stops).
 type reporter struct {
 	sink     eventSink
 	log      *slog.Logger
@@ -46,18 +59,45 @@ type reporter struct {
 	// neighbor finds the MAC of an address on the boot network, or nil.
 	neighbor func(netip.Addr) net.HardwareAddr
 
-	queue   chan protocol.MachineBooted
-	dropped atomic.Uint64 // queue full
-	limited atomic.Uint64 // within the interval of an earlier event
-	noMAC   atomic.Uint64 // no MAC known for the client address
+	queue     chan bootedEvent
+	journaled atomic.Uint64
+	limited   atomic.Uint64 // coalesced: within the interval of an earlier event
+	dropped   atomic.Uint64
+	noMAC     atomic.Uint64 // no MAC known for the client address
 
-	mu   sync.Mutex
-	last map[string]time.Time // MAC+stage → last event
-	ips  map[netip.Addr]ipMAC
+	mu    sync.Mutex
+	last  map[burstKey]*burst
+	dirty map[burstKey]struct{} // bursts with a count waiting for the flush
+	ips   map[netip.Addr]ipMAC
+}
+
+// burstKey is a MAC and stage, or an address and stage while the MAC is unknown.
+type burstKey struct {
+	mac   [6]byte
+	ip    netip.Addr // only without a MAC
+	stage uint8
+}
+
+// burst is the state of one MAC and stage.
+type burst struct {
+	sent    time.Time   // the last event's
+	pending int         // serves since it, not yet reported
+	latest  bootedEvent // the last of them
+}
+
+// bootedEvent is a machine.bootedEvent event before its text is made, off the servers' path.
+type bootedEvent struct {
+	key   burstKey
+	ip    netip.Addr
+	arch  int
+	guid  string
+	file  string
+	time  time.Time
+	count int
 }
 
 type ipMAC struct {
-	mac  net.HardwareAddr
+	mac  [6]byte
 	seen time.Time
 }
 
@@ -69,92 +109,162 @@ func newReporter(sink eventSink, log *slog.Logger, now func() time.Time, interva
 		interval = DefaultEventInterval
 	}
 	return &reporter{sink: sink, log: log, now: now, interval: interval, neighbor: neighborMAC,
-		queue: make(chan protocol.MachineBooted, eventQueue),
-		last:  map[string]time.Time{}, ips: map[netip.Addr]ipMAC{}}
+		queue: make(chan bootedEvent, eventQueue),
+		last:  map[burstKey]*burst{}, dirty: map[burstKey]struct{}{}, ips: map[netip.Addr]ipMAC{}}
 }
 
-// stages maps what a boot server served to the stage of a machine.booted event.
-var stages = map[string]string{
-	boot.ServedOffer:  protocol.StageDHCP,
-	boot.ServedAck:    protocol.StagePXE,
-	boot.ServedTFTP:   protocol.StageTFTP,
-	boot.ServedBinary: protocol.StageTFTP, // the same iPXE binary, over UEFI HTTP boot
-	boot.ServedScript: protocol.StageScript,
-	boot.ServedKernel: protocol.StageKernel,
-	boot.ServedInitrd: protocol.StageInitrd,
+// runningServers are what the Stats methods of a running Site read.
+type runningServers struct {
+	events *reporter
+	dhcp   *boot.ProxyDHCP  // nil without proxy_dhcp
+	tftp   *boot.TFTPServer // nil without [boot] tftp
+}
+
+// EventStats returns the counters of the site's machine.booted reporting; zero
+// before Run has started it.
+func (s *Site) EventStats() EventStats {
+	if r := s.running.Load(); r != nil {
+		return r.events.Stats()
+	}
+	return EventStats{}
+}
+
+// DHCPStats returns the proxyDHCP's counters, and false when it is not running.
+func (s *Site) DHCPStats() (boot.DHCPStats, bool) {
+	if r := s.running.Load(); r != nil && r.dhcp != nil {
+		return r.dhcp.Stats(), true
+	}
+	return boot.DHCPStats{}, false
+}
+
+// Stats returns the reporter's counters so far.
+func (r *reporter) Stats() EventStats {
+	return EventStats{Journaled: r.journaled.Load(), Coalesced: r.limited.Load(), Dropped: r.dropped.Load(), NoMAC: r.noMAC.Load()}
+}
+
+// stageNames are the stages of machine.bootedEvent, by the index stageOf gives.
+var stageNames = [...]string{"", protocol.StageDHCP, protocol.StagePXE, protocol.StageTFTP, protocol.StageScript, protocol.StageKernel, protocol.StageInitrd}
+
+// stageOf maps what a boot server served to the stage of a machine.bootedEvent event;
+// 0 is none.
+func stageOf(served string) uint8 {
+	switch served {
+	case boot.ServedOffer:
+		return 1
+	case boot.ServedAck:
+		return 2
+	case boot.ServedTFTP, boot.ServedBinary: // the same iPXE binary, over UEFI HTTP boot
+		return 3
+	case boot.ServedScript:
+		return 4
+	case boot.ServedKernel:
+		return 5
+	case boot.ServedInitrd:
+		return 6
+	}
+	return 0
 }
 
 // Observe is the boot servers' boot.Observer.
 func (r *reporter) Observe(ev boot.Event) {
-	stage, ok := stages[ev.Served]
-	if !ok {
+	stage := stageOf(ev.Served)
+	if stage == 0 {
 		return
 	}
 	now := r.now()
-	mac := ev.MAC
-	r.mu.Lock()
-	if len(mac) == 6 && ev.IP.IsValid() {
-		r.ips[ev.IP] = ipMAC{mac: mac, seen: now}
-	} else if len(mac) == 0 && ev.IP.IsValid() {
-		if m, ok := r.ips[ev.IP]; ok && now.Sub(m.seen) < ipMACTTL {
-			mac = m.mac
-		}
+	b := bootedEvent{ip: ev.IP, arch: ev.Arch, guid: ev.GUID, file: ev.File, time: ev.Time, count: 1}
+	if b.time.IsZero() {
+		b.time = now
 	}
-	var key string
+	b.key.stage = stage
+	hasMAC := len(ev.MAC) == 6
+	if hasMAC {
+		b.key.mac = [6]byte(ev.MAC)
+	}
+	r.mu.Lock()
 	switch {
-	case len(mac) == 6:
-		key = mac.String() + " " + stage
-	case ev.IP.IsValid():
-		// run asks the neighbour table, off the server's path.
-		key = ev.IP.String() + " " + stage
-	default:
+	case hasMAC && ev.IP.IsValid():
+		r.ips[ev.IP] = ipMAC{mac: b.key.mac, seen: now}
+	case !hasMAC && ev.IP.IsValid():
+		if m, ok := r.ips[ev.IP]; ok && now.Sub(m.seen) < ipMACTTL {
+			b.key.mac, hasMAC = m.mac, true
+		} else {
+			// run asks the neighbour table, off the server's path.
+			b.key.ip = ev.IP
+		}
+	case !hasMAC:
 		r.mu.Unlock()
 		r.noMAC.Add(1)
 		return
 	}
-	if t, ok := r.last[key]; ok && now.Sub(t) < r.interval {
+	st := r.last[b.key]
+	if st != nil && now.Sub(st.sent) < r.interval {
+		st.pending++
+		st.latest = b
+		r.dirty[b.key] = struct{}{}
 		r.mu.Unlock()
 		r.limited.Add(1)
 		return
 	}
-	r.last[key] = now
-	if len(r.last) >= maxTracked || len(r.ips) >= maxTracked {
-		r.sweepLocked(now)
+	if st == nil {
+		if len(r.last) >= maxTracked || len(r.ips) >= maxTracked {
+			r.sweepLocked(now)
+		}
+		st = &burst{}
+		r.last[b.key] = st
 	}
+	// An earlier burst whose flush has not run yet goes into this event.
+	b.count += st.pending
+	st.sent, st.pending = now, 0
+	delete(r.dirty, b.key)
+	r.enqueueLocked(st, b)
 	r.mu.Unlock()
+}
 
-	mb := protocol.MachineBooted{
-		Stage:      stage,
-		ClientGUID: ev.GUID,
-		File:       ev.File,
-		Time:       ev.Time.UTC(),
-	}
-	if len(mac) == 6 {
-		mb.MAC = mac.String()
-	}
-	if ev.Arch > 0 {
-		mb.Arch = ev.Arch
-	}
-	if ev.IP.IsValid() {
-		mb.IP = ev.IP.String()
-	}
-	if mb.Time.IsZero() {
-		mb.Time = now.UTC()
-	}
+// enqueueLocked queues b, or, with the queue full, folds it back into its burst
+// for a later flush: the servers never wait, and the count is kept.
+func (r *reporter) enqueueLocked(st *burst, b bootedEvent) {
 	select {
-	case r.queue <- mb:
+	case r.queue <- b:
 	default:
-		if r.dropped.Add(1) == 1 {
-			r.log.Warn("boot: the event queue is full; dropping machine.booted events (counted from now on)")
+		st.pending += b.count
+		st.latest = b
+		r.dirty[b.key] = struct{}{}
+	}
+}
+
+// flush queues an event for every burst whose interval is over and whose serves
+// no event reported yet.
+func (r *reporter) flush() {
+	now := r.now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for k := range r.dirty {
+		st := r.last[k]
+		if st == nil || st.pending == 0 {
+			delete(r.dirty, k)
+			continue
+		}
+		if now.Sub(st.sent) < r.interval {
+			continue
+		}
+		b := st.latest
+		b.count = st.pending
+		st.sent, st.pending = now, 0
+		delete(r.dirty, k)
+		r.enqueueLocked(st, b)
+		if st.pending != 0 {
+			return // the queue is full: the rest waits for the next flush
 		}
 	}
 }
 
-// sweepLocked forgets rate-limit entries past their interval and addresses past
-// their TTL; if that frees nothing, it forgets everything rather than grow.
+// sweepLocked forgets bursts past their interval that have nothing to report and
+// addresses past their TTL; if that frees nothing, it forgets everything rather than
+// grow, counting the serves not yet reported as dropped.
 func (r *reporter) sweepLocked(now time.Time) {
-	for k, t := range r.last {
-		if now.Sub(t) >= r.interval {
+	for k, st := range r.last {
+		if st.pending == 0 && now.Sub(st.sent) >= r.interval {
 			delete(r.last, k)
 		}
 	}
@@ -164,63 +274,116 @@ func (r *reporter) sweepLocked(now time.Time) {
 		}
 	}
 	if len(r.last) >= maxTracked {
+		var lost uint64
+		for _, st := range r.last {
+			lost += uint64(st.pending)
+		}
+		r.dropped.Add(lost)
 		clear(r.last)
+		clear(r.dirty)
 	}
 	if len(r.ips) >= maxTracked {
 		clear(r.ips)
 	}
 }
 
-// run journals queued events until ctx is done, then journals what is still queued.
+// run journals queued events until ctx is done, flushing the counts of bursts as
+// their intervals end, then flushes and journals what is still waiting.
 func (r *reporter) run(ctx context.Context) {
+	tick := time.NewTicker(r.interval)
+	defer tick.Stop()
 	for {
 		select {
-		case mb := <-r.queue:
-			r.emit(mb)
+		case b := <-r.queue:
+			r.emit(b)
+		case <-tick.C:
+			r.flush()
 		case <-ctx.Done():
-			for {
-				select {
-				case mb := <-r.queue:
-					r.emit(mb)
-				default:
-					return
-				}
-			}
+			r.drainAll()
+			return
 		}
 	}
 }
 
-func (r *reporter) emit(mb protocol.MachineBooted) {
-	if mb.MAC == "" {
-		ip, err := netip.ParseAddr(mb.IP)
+// drainAll journals everything queued and every burst's waiting count.
+func (r *reporter) drainAll() {
+	for {
+		r.mu.Lock()
+		for _, st := range r.last {
+			st.sent = time.Time{} // every burst's interval is over
+		}
+		r.mu.Unlock()
+		r.flush()
+		n := 0
+		for done := false; !done; {
+			select {
+			case b := <-r.queue:
+				r.emit(b)
+				n++
+			default:
+				done = true
+			}
+		}
+		if n == 0 {
+			return
+		}
+	}
+}
+
+func (r *reporter) emit(b bootedEvent) {
+	mb := protocol.MachineBooted{
+		Stage:      stageNames[b.key.stage],
+		ClientGUID: b.guid,
+		File:       b.file,
+		Time:       b.time.UTC(),
+	}
+	if b.count > 1 {
+		mb.Count = b.count
+	}
+	if b.arch > 0 {
+		mb.Arch = b.arch
+	}
+	if b.ip.IsValid() {
+		mb.IP = b.ip.String()
+	}
+	if b.key.ip.IsValid() {
 		var mac net.HardwareAddr
-		if err == nil && r.neighbor != nil {
-			mac = r.neighbor(ip)
+		if r.neighbor != nil {
+			mac = r.neighbor(b.key.ip)
 		}
 		if len(mac) != 6 {
-			r.noMAC.Add(1)
+			r.noMAC.Add(uint64(b.count))
 			r.log.Debug("boot: served a client whose MAC is not known; no event", "stage", mb.Stage, "ip", mb.IP, "file", mb.File)
 			return
 		}
 		mb.MAC = mac.String()
 		r.mu.Lock()
-		r.ips[ip] = ipMAC{mac: mac, seen: r.now()}
+		r.ips[b.key.ip] = ipMAC{mac: [6]byte(mac), seen: r.now()}
 		r.mu.Unlock()
+	} else {
+		mb.MAC = net.HardwareAddr(b.key.mac[:]).String()
 	}
 	data, err := json.Marshal(mb)
 	if err != nil {
 		return
 	}
+	msg := mb.Stage + " " + mb.MAC
+	if mb.Count > 1 {
+		msg += " ×" + strconv.Itoa(mb.Count)
+	}
 	err = r.sink.Event(protocol.Event{
 		Kind:    protocol.EventMachineBooted,
 		Time:    mb.Time,
 		Level:   "info",
-		Message: mb.Stage + " " + mb.MAC,
+		Message: msg,
 		Data:    data,
 	})
 	if err != nil {
-		r.log.Error("boot: cannot journal a machine.booted event", "mac", mb.MAC, "stage", mb.Stage, "error", err.Error())
+		r.dropped.Add(uint64(b.count))
+		r.log.Error("boot: cannot journal a machine.bootedEvent event", "mac", mb.MAC, "stage", mb.Stage, "error", err.Error())
+		return
 	}
+	r.journaled.Add(1)
 }
 
 // errNonceNotJournaled makes the boot HTTP server answer 503: a nonce the control

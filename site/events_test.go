@@ -3,12 +3,14 @@ package site
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -104,6 +106,23 @@ func TestEventsRateLimited(t *testing.T) {
 	if n := r.limited.Load(); n != 3*1000-3+1 {
 		t.Errorf("limited = %d", n)
 	}
+	// The coalesced serves are in the next event's count; the rest, whose
+	// interval is over, in the flush's.
+	if c := got[3].Count; c != 1001 {
+		t.Errorf("second dhcp event of %s stands for %d serves, want 1001", macA, c)
+	}
+	now = now.Add(time.Second)
+	r.flush()
+	r.drain()
+	var counts []string
+	for _, mb := range booted(t, sink.all())[4:] {
+		counts = append(counts, fmt.Sprintf("%s %s ×%d", mb.MAC, mb.Stage, mb.Count))
+	}
+	sort.Strings(counts)
+	want = "52:54:00:12:34:56 pxe ×999,52:54:00:12:34:57 dhcp ×999"
+	if strings.Join(counts, ",") != want {
+		t.Errorf("flushed:\n%s\nwant\n%s", strings.Join(counts, ","), want)
+	}
 }
 
 // TestEventsAttributeByAddress: TFTP, kernel and initrd carry no MAC; they are the
@@ -146,11 +165,13 @@ func TestEventsAttributeByAddress(t *testing.T) {
 	}
 }
 
-// TestEventsQueueBounded: when the journal falls behind, Observe drops and counts
-// instead of blocking a boot server.
+// TestEventsQueueBounded: when the journal falls behind, Observe neither blocks a
+// boot server nor loses the serve: what does not fit the queue waits in its burst
+// and a later flush journals it.
 func TestEventsQueueBounded(t *testing.T) {
 	sink := &memSink{}
 	r := newReporter(sink, slog.New(slog.DiscardHandler), nil, time.Nanosecond)
+	r.neighbor = nil
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -164,8 +185,19 @@ func TestEventsQueueBounded(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Observe blocked on a full queue")
 	}
-	if r.dropped.Load() != 10 {
-		t.Errorf("dropped = %d, want 10", r.dropped.Load())
+	if n := len(r.queue); n != eventQueue {
+		t.Errorf("queued %d, want %d", n, eventQueue)
+	}
+	r.drainAll()
+	macs := map[string]int{}
+	for _, mb := range booted(t, sink.all()) {
+		macs[mb.MAC]++
+	}
+	if len(macs) != eventQueue+10 {
+		t.Errorf("events for %d MACs, want %d", len(macs), eventQueue+10)
+	}
+	if st := r.Stats(); st.Dropped != 0 || st.Journaled != eventQueue+10 {
+		t.Errorf("stats %+v", st)
 	}
 }
 

@@ -92,8 +92,9 @@ type Site struct {
 	addrMu sync.Mutex
 	addrs  Addrs
 
-	// running is boot once it serves, for Stats on other goroutines.
-	running atomic.Pointer[bootServers]
+	// running holds the reporter and boot servers of the current Run, for the
+	// Stats methods, which metrics call from other goroutines.
+	running atomic.Pointer[runningServers]
 }
 
 // Addrs are where the site's servers listen; a zero value is a server not running.
@@ -249,6 +250,7 @@ func (s *Site) Run(ctx context.Context) error {
 		Logger:       s.log,
 	}
 	s.events = newReporter(s.session, s.log, s.Now, s.EventInterval)
+	s.running.Store(&runningServers{events: s.events})
 	s.proxy = proxyRunner{site: s}
 
 	// The servers' context ends before the journal closes: nothing may journal
@@ -298,9 +300,8 @@ func (s *Site) Run(ctx context.Context) error {
 		s.applySpec(*saved, false)
 	}
 	if s.boot != nil {
+		s.running.Store(&runningServers{events: s.events, dhcp: s.boot.dhcp, tftp: s.boot.tftp})
 		s.boot.serve(sctx, &wg, errc)
-		s.running.Store(s.boot)
-		defer s.running.Store(nil)
 	}
 	s.log.Info("bcd site started", "node_id", id.NodeID, "site", s.siteName(), "gateway", c.GatewayURL, "boot", c.Boot != nil, "socket", s.socketPath(), "boot_id", bootID)
 

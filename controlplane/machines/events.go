@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/better-compute/bcd/controlplane/store"
@@ -85,6 +86,9 @@ func (e *Events) booted(ctx context.Context, node store.Node, ev protocol.Event)
 		at = ev.Time
 	}
 	msg := "stage " + b.Stage
+	if b.Count > 1 {
+		msg += " ×" + strconv.Itoa(b.Count) // a coalesced burst
+	}
 	if b.File != "" {
 		msg += ": served " + human.Short(b.File)
 	}
