@@ -1,6 +1,7 @@
 package boot
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -30,17 +31,20 @@ type TFTPStats struct {
 	Bytes     uint64 // bytes of those files
 	NotFound  uint64 // requests for a file the root does not hold (iPXE probes autoexec.ipxe)
 	Refused   uint64 // requests outside the rules: a write, a path leaving the root, not a regular file, too large
-	Busy      uint64 // requests refused because MaxTransfers were running
-	Failed    uint64 // transfers abandoned: the client stopped acknowledging, went away, or sent an error
-	Errors    uint64 // datagrams at the server's port that start nothing: unparsable, or not a request
-	Repeats   uint64 // requests dropped because the same client port has a transfer under way
+	// Waits counts requests left unanswered because MaxTransfers were running:
+	// the client sends its request again (firmware does), and is answered once
+	// a transfer has ended. No request is ever refused for capacity.
+	Waits   uint64
+	Failed  uint64 // transfers abandoned: the client stopped acknowledging, went away, sent an error, or the transfer outlived TransferTimeout
+	Errors  uint64 // datagrams at the server's port that start nothing: unparsable, or not a request
+	Repeats uint64 // requests dropped because the same client port has a transfer under way
 	// Retransmits counts blocks sent again, in completed transfers: after a
 	// timeout, or from where a windowsize client said a block was missing.
 	Retransmits uint64
 }
 
 type tftpCounters struct {
-	transfers, bytes, notFound, refused, busy, failed, errors, repeats, retransmits atomic.Uint64
+	transfers, bytes, notFound, refused, waits, failed, errors, repeats, retransmits atomic.Uint64
 }
 
 // TFTPServer serves the iPXE binaries over TFTP (RFC 1350, with the options of RFC
@@ -48,8 +52,14 @@ type tftpCounters struct {
 // read-only and confined to Root. The zero value of every optional field means the
 // default.
 //
-// Files are read once into memory and sent from there (read again when their size
-// or modification time changes). Each transfer has a socket of its own, connected
+// Files up to a shared bound (maxTFTPCache) are read once into memory and sent
+// from there (read again when their size or modification time changes); beyond
+// it a file is kept open and each block read with pread at its offset. No
+// transfer keeps a copy of its file, netascii ones included (they convert
+// block by block): a transfer costs a few hundred bytes and a socket, so
+// capacity is bounded by memory and descriptors rather than a small count, and
+// a request beyond it is left unanswered (the client asks again) rather than
+// refused. Each transfer has a socket of its own, connected
 // to the client (its transfer ID, as RFC 1350 asks); on Linux one goroutine polls
 // all of them with epoll, as dnsmasq polls its transfers from one thread, so a
 // block costs a recv of the acknowledgement and a send of the next block, with no
@@ -57,8 +67,14 @@ type tftpCounters struct {
 // never on a duplicate acknowledgement (no Sorcerer's Apprentice), and for a
 // windowsize client from the block after the one it acknowledged. Error
 // packets carry the codes of RFC 1350: 1 "file not found", 2 "access violation:
-// …", 0 "server busy, try again"; 8 for options the server cannot honour never
+// …", 4 "illegal TFTP operation"; 8 for options the server cannot honour never
 // occurs, as options it cannot honour are left out of the OACK.
+//
+// Requests come from spoofable sources, so none can hold the server for long:
+// a negotiated timeout is at most tftpMaxTimeout, the first packet is sent again
+// only tftpFirstRetries times tftpFirstTimeout apart until the client
+// acknowledges something, and a transfer ends after TransferTimeout however it
+// goes.
 //
 // windowsize helps only the clients that ask for it. iPXE does not (it asks for
 // blksize and tsize), nor do tftp-hpa's client and curl: they get one block per
@@ -71,9 +87,14 @@ type TFTPServer struct {
 	// are sent: absolute paths, "..", symlinks that leave it, devices and
 	// directories are refused. Required.
 	Root string
-	// MaxTransfers bounds the transfers running at once; a request beyond it gets
-	// an error packet at once rather than waiting. 0 means 64.
+	// MaxTransfers bounds the transfers running at once ([boot]
+	// tftp_max_transfers); a request beyond it is left unanswered, so the client
+	// sends it again, and counted in Waits. 0 means DefaultTFTPMaxTransfers, or
+	// half the descriptors the process may open if that is fewer.
 	MaxTransfers int
+	// TransferTimeout bounds a transfer's whole life ([boot]
+	// tftp_transfer_timeout); 0 means DefaultTFTPTransferTimeout.
+	TransferTimeout time.Duration
 	// Timeout is how long the server waits for an acknowledgement before sending a
 	// block again, unless the client negotiates its own (RFC 2349); 0 means 1 s.
 	Timeout time.Duration
@@ -89,6 +110,9 @@ type TFTPServer struct {
 	// Logger logs each request at debug level and unexpected failures at warn; nil
 	// discards.
 	Logger *slog.Logger
+
+	// cacheLimit overrides maxTFTPCache (tests); 0 means maxTFTPCache.
+	cacheLimit int64
 
 	stats  tftpCounters
 	active atomic.Int64 // transfers running
@@ -119,9 +143,72 @@ type tftpMTU struct {
 // tftpFile is a file's contents as they were when read, with what identifies that
 // version.
 type tftpFile struct {
-	data    []byte
+	data    []byte   // the contents, when cached
+	f       *os.File // else the file, read with pread
 	size    int64
 	modTime time.Time
+	refs    atomic.Int64 // transfers using f
+
+	asciiOnce sync.Once
+	asciiSize int64
+	asciiErr  error
+}
+
+// DefaultTFTPMaxTransfers is MaxTransfers' default. A transfer costs a few
+// hundred bytes here, a socket and what its blocks in flight take of the
+// kernel's buffers (one 1468-byte block in lock-step): 4096 of them cost
+// well under 64 MiB, and serve every machine of a rack-row boot storm at once.
+const DefaultTFTPMaxTransfers = 4096
+
+// DefaultTFTPTransferTimeout is TransferTimeout's default: a 32 MiB file at
+// blksize 512 takes about a minute on a slow link.
+const DefaultTFTPTransferTimeout = 5 * time.Minute
+
+// tftpDefaultLife is a transfer's life when nothing set it (tests that make
+// transfers without a server).
+const tftpDefaultLife = DefaultTFTPTransferTimeout
+
+// memTFTPFile is a tftpFile of contents in memory.
+func memTFTPFile(data []byte) *tftpFile { return &tftpFile{data: data, size: int64(len(data))} }
+
+// readAt fills p from the file at off, all of it or an error.
+func (f *tftpFile) readAt(p []byte, off int64) error {
+	if f.f == nil {
+		if off+int64(len(p)) > int64(len(f.data)) {
+			return errTFTPFileChanged
+		}
+		copy(p, f.data[off:])
+		return nil
+	}
+	n, err := f.f.ReadAt(p, off)
+	if n == len(p) {
+		return nil
+	}
+	if err == nil || errors.Is(err, io.EOF) {
+		return errTFTPFileChanged
+	}
+	return fmt.Errorf("reading the file: %w", err)
+}
+
+// view returns n bytes of the file at off: from the cached contents, or read
+// into scratch.
+func (f *tftpFile) view(off int64, n int, scratch []byte) ([]byte, error) {
+	if f.f == nil {
+		if off+int64(n) > int64(len(f.data)) {
+			return nil, errTFTPFileChanged
+		}
+		return f.data[off : off+int64(n)], nil
+	}
+	b := scratch[:min(n, len(scratch))]
+	return b, f.readAt(b, off)
+}
+
+// release says a transfer is done with the file: the last one closes a file
+// that is not cached.
+func (f *tftpFile) release() {
+	if f != nil && f.f != nil && f.refs.Add(-1) == 0 {
+		f.f.Close()
+	}
 }
 
 // Stats returns the counters so far.
@@ -131,7 +218,7 @@ func (s *TFTPServer) Stats() TFTPStats {
 		Bytes:     s.stats.bytes.Load(),
 		NotFound:  s.stats.notFound.Load(),
 		Refused:   s.stats.refused.Load(),
-		Busy:      s.stats.busy.Load(),
+		Waits:     s.stats.waits.Load(),
 		Failed:    s.stats.failed.Load(),
 		Errors:    s.stats.errors.Load(),
 		Repeats:   s.stats.repeats.Load(),
@@ -192,7 +279,7 @@ func (s *TFTPServer) Listen() error {
 	}
 	max := s.MaxTransfers
 	if max <= 0 {
-		max = 64
+		max = defaultTFTPMaxTransfers()
 	}
 	s.mu.Lock()
 	s.conn, s.root, s.netns, s.max = conn, root, ns, max
@@ -282,7 +369,6 @@ func (s *TFTPServer) serveRequests(conn *net.UDPConn, p *tftpPoller) error {
 var (
 	errTFTPNotFound = errors.New("file not found")
 	errTFTPAccess   = errors.New("access violation")
-	errTFTPBusy     = errors.New("server busy, try again")
 	errTFTPReadOnly = errors.New("access violation: this server is read-only")
 	errTFTPIllegal  = errors.New("illegal TFTP operation")
 )
@@ -346,12 +432,14 @@ func (s *TFTPServer) request(b []byte, from netip.AddrPort, local netip.Addr, if
 		return
 	}
 	if n := s.active.Add(1); n > int64(s.max) {
+		// No error packet: firmware gives up the boot on one. The client sends
+		// its request again after its timeout, by when transfers have ended
+		// (each is bounded in time).
 		s.active.Add(-1)
-		s.stats.busy.Add(1)
+		s.stats.waits.Add(1)
 		if debug {
-			s.log.Debug("TFTP: busy", "from", from, "file", req.name)
+			s.log.Debug("TFTP: at capacity, leaving the request for the client to send again", "from", from, "file", req.name, "max_transfers", s.max)
 		}
-		s.sendError(local, from, errTFTPBusy)
 		return
 	}
 	f, err := s.open(req.name)
@@ -369,14 +457,22 @@ func (s *TFTPServer) request(b []byte, from netip.AddrPort, local netip.Addr, if
 		s.sendError(local, from, err)
 		return
 	}
-	data := f.data
+	size := f.size
 	if req.mode == "netascii" {
-		data = toNetascii(data)
+		if size, err = f.netasciiSize(make([]byte, 32<<10)); err != nil {
+			f.release()
+			s.active.Add(-1)
+			s.stats.refused.Add(1)
+			s.sendError(local, from, fmt.Errorf("%w: reading failed", errTFTPAccess))
+			return
+		}
 	}
-	t := newTFTPTransfer(req, data, s.negotiate(req, int64(len(data)), s.maxBlockSize(from, ifindex)))
+	t := newTFTPTransfer(req, f, size, s.negotiate(req, size, s.maxBlockSize(from, ifindex)))
 	t.remote = from
 	t.retries = s.retries()
+	t.life = orDuration(s.TransferTimeout, DefaultTFTPTransferTimeout)
 	if err := t.open(local, from); err != nil {
+		f.release()
 		s.active.Add(-1)
 		s.stats.failed.Add(1)
 		s.log.Warn("TFTP: opening a transfer socket", "to", from, "err", err)
@@ -446,6 +542,7 @@ func (s *TFTPServer) retries() int {
 // slot.
 func (s *TFTPServer) finished(t *tftpTransfer, err error) {
 	s.active.Add(-1)
+	t.file.release()
 	s.mu.Lock()
 	delete(s.running, t.remote)
 	s.mu.Unlock()
@@ -458,18 +555,19 @@ func (s *TFTPServer) finished(t *tftpTransfer, err error) {
 		return
 	}
 	s.stats.transfers.Add(1)
-	s.stats.bytes.Add(uint64(len(t.data)))
+	s.stats.bytes.Add(uint64(t.size))
 	s.stats.retransmits.Add(t.retransmits)
 	if debug {
-		s.log.Debug("TFTP: sent", "to", t.remote, "file", t.name, "bytes", len(t.data))
+		s.log.Debug("TFTP: sent", "to", t.remote, "file", t.name, "bytes", t.size)
 	}
 	if s.Observer != nil {
 		s.Observer.Observe(Event{Time: time.Now(), Served: ServedTFTP, IP: t.remote.Addr().Unmap(), Arch: -1, File: t.name})
 	}
 }
 
-// open returns the contents of name under Root, from memory while the file is
-// unchanged.
+// open returns the file name under Root: its contents from memory while the
+// file is unchanged and the cache has room, else the open file, which the
+// caller releases.
 func (s *TFTPServer) open(name string) (*tftpFile, error) {
 	clean, err := cleanTFTPPath(name)
 	if err != nil {
@@ -498,7 +596,12 @@ func (s *TFTPServer) open(name string) (*tftpFile, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errTFTPAccess, err)
 	}
-	defer f.Close()
+	keep := false
+	defer func() {
+		if !keep {
+			f.Close()
+		}
+	}()
 	fi, err = f.Stat()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errTFTPAccess, err)
@@ -509,20 +612,40 @@ func (s *TFTPServer) open(name string) (*tftpFile, error) {
 	if fi.Size() > MaxTFTPFile {
 		return nil, fmt.Errorf("%w: larger than %d bytes", errTFTPAccess, MaxTFTPFile)
 	}
-	data, err := io.ReadAll(io.LimitReader(f, MaxTFTPFile+1))
-	if err != nil || len(data) > MaxTFTPFile {
-		return nil, fmt.Errorf("%w: reading failed", errTFTPAccess)
-	}
-	c = &tftpFile{data: data, size: fi.Size(), modTime: fi.ModTime()}
 	s.mu.Lock()
 	if old := s.cache[clean]; old != nil {
 		s.cached -= int64(len(old.data))
 		delete(s.cache, clean)
 	}
-	if s.cached+int64(len(data)) <= maxTFTPCache {
-		s.cache[clean] = c
-		s.cached += int64(len(data))
+	room := s.cached+fi.Size() <= cmp.Or(s.cacheLimit, maxTFTPCache)
+	if room {
+		// Reserve the room now, so that concurrent requests for other large
+		// files do not all read theirs in.
+		s.cached += fi.Size()
 	}
+	s.mu.Unlock()
+	if !room {
+		// Beyond the cache the transfer reads the file block by block: no
+		// request reads a whole file into memory of its own.
+		keep = true
+		c = &tftpFile{f: f, size: fi.Size(), modTime: fi.ModTime()}
+		c.refs.Store(1)
+		return c, nil
+	}
+	data, err := io.ReadAll(io.LimitReader(f, fi.Size()+1))
+	if err != nil || int64(len(data)) != fi.Size() {
+		s.mu.Lock()
+		s.cached -= fi.Size()
+		s.mu.Unlock()
+		return nil, fmt.Errorf("%w: reading failed", errTFTPAccess)
+	}
+	c = &tftpFile{data: data, size: fi.Size(), modTime: fi.ModTime()}
+	s.mu.Lock()
+	if old := s.cache[clean]; old != nil {
+		// Another request read it meanwhile: keep one.
+		s.cached -= int64(len(old.data))
+	}
+	s.cache[clean] = c
 	s.mu.Unlock()
 	return c, nil
 }

@@ -110,6 +110,17 @@ func tftpParsePktinfo(oob []byte) (local netip.Addr, ifindex int) {
 // nativeUint32 reads a field the kernel wrote in the host's byte order.
 func nativeUint32(b []byte) uint32 { return binary.NativeEndian.Uint32(b) }
 
+// defaultTFTPMaxTransfers is DefaultTFTPMaxTransfers, or half the descriptors
+// the process may open when that is fewer: a transfer holds one, and the rest of
+// the site agent needs its own.
+func defaultTFTPMaxTransfers() int {
+	var r unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &r); err != nil || r.Cur == unix.RLIM_INFINITY {
+		return DefaultTFTPMaxTransfers
+	}
+	return int(max(min(uint64(DefaultTFTPMaxTransfers), r.Cur/2), 16))
+}
+
 // tftpSock is a transfer's socket: a raw non-blocking descriptor, connected to the
 // client, so that the kernel drops datagrams from anyone else and a client that
 // went away shows as ECONNREFUSED.
@@ -197,7 +208,15 @@ type tftpPoller struct {
 	// next is the earliest deadline of a transfer, or later: the transfers are
 	// checked when it passes.
 	next time.Duration
+	// pkt and scratch are the send and read buffers of every transfer: one
+	// goroutine runs them all, so a transfer needs none of its own.
+	pkt, scratch []byte
 }
+
+// tftpExpireEvery is the least time between two scans of the transfers for
+// deadlines: a flood of requests that are never acknowledged has deadlines
+// microseconds apart, and one scan each would cost the transfers squared.
+const tftpExpireEvery = 5 * time.Millisecond
 
 func newTFTPPoller(s *TFTPServer) (*tftpPoller, error) {
 	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
@@ -214,7 +233,8 @@ func newTFTPPoller(s *TFTPServer) (*tftpPoller, error) {
 		unix.Close(evfd)
 		return nil, fmt.Errorf("epoll: %w", err)
 	}
-	return &tftpPoller{s: s, epfd: epfd, evfd: evfd, start: time.Now(), byFD: map[int32]*tftpTransfer{}, next: 1<<63 - 1}, nil
+	return &tftpPoller{s: s, epfd: epfd, evfd: evfd, start: time.Now(), byFD: map[int32]*tftpTransfer{}, next: 1<<63 - 1,
+		pkt: make([]byte, 4+tftpMaxBlksize), scratch: make([]byte, tftpMaxBlksize)}, nil
 }
 
 // now is the poller's clock: monotonic, and cheaper to compare than time.Time.
@@ -320,6 +340,7 @@ func (p *tftpPoller) admit(now time.Duration) bool {
 			continue
 		}
 		p.byFD[int32(t.fd)] = t
+		t.pkt, t.scratch = p.pkt, p.scratch
 		if err := t.begin(now); err != nil {
 			p.end(t, err)
 			continue
@@ -341,6 +362,7 @@ func (p *tftpPoller) expire(now time.Duration) {
 		}
 		p.next = min(p.next, t.deadline)
 	}
+	p.next = max(p.next, now+tftpExpireEvery)
 }
 
 // end closes a transfer's socket (which takes it out of the epoll set) and reports it.

@@ -19,6 +19,8 @@ func tftpEnablePktinfo(*net.UDPConn) error { return nil }
 
 func tftpParsePktinfo([]byte) (netip.Addr, int) { return netip.Addr{}, 0 }
 
+func defaultTFTPMaxTransfers() int { return DefaultTFTPMaxTransfers }
+
 // tftpSock is a transfer's socket, connected to the client.
 type tftpSock struct{ conn *net.UDPConn }
 

@@ -26,6 +26,11 @@ const (
 	// tftpMaxWindow caps RFC 7440's windowsize: a window is that many blocks in
 	// flight at once, and a lost one costs sending them all again.
 	tftpMaxWindow = 64
+	// tftpMaxTimeout is the longest timeout option (RFC 2349) the server
+	// accepts. A client asking for more is answered without the option and gets
+	// the server's timeout: a few packets asking for 255 s and never
+	// acknowledging must not hold transfers for minutes each.
+	tftpMaxTimeout = 5
 )
 
 // tftpRequest is a parsed RRQ or WRQ.
@@ -97,8 +102,9 @@ type tftpGrant struct {
 }
 
 // negotiate picks the options the server accepts (RFC 2347): blksize up to
-// maxBlk, tsize answered with the size, timeout of 1 to 255 seconds, windowsize up
-// to tftpMaxWindow. An option it does not know or whose value is out of range is
+// maxBlk, tsize answered with the size, timeout of 1 to tftpMaxTimeout seconds
+// (RFC 2349 has the OACK echo the value asked for, so a longer one is left out
+// rather than lowered), windowsize up to tftpMaxWindow. An option it does not know or whose value is out of range is
 // left out of the OACK, which tells the client it was not accepted.
 func (s *TFTPServer) negotiate(r tftpRequest, size int64, maxBlk int) tftpGrant {
 	g := tftpGrant{blksize: 512, window: 1, timeout: s.timeout()}
@@ -127,7 +133,7 @@ func (s *TFTPServer) negotiate(r tftpRequest, size int64, maxBlk int) tftpGrant 
 			}
 			add("tsize", strconv.FormatInt(size, 10))
 		case "timeout":
-			if !ok || n < 1 || n > 255 {
+			if !ok || n < 1 || n > tftpMaxTimeout {
 				continue
 			}
 			g.timeout = time.Duration(n) * time.Second
@@ -172,69 +178,175 @@ func tftpErrorPacket(b []byte, err error) []byte {
 	return append(b, 0)
 }
 
-// toNetascii converts a file for a netascii transfer: LF becomes CR LF and a bare
-// CR becomes CR NUL (RFC 764).
-func toNetascii(b []byte) []byte {
-	out := make([]byte, 0, len(b)+len(b)/16)
-	for _, c := range b {
-		switch c {
-		case '\n':
-			out = append(out, '\r', '\n')
-		case '\r':
-			out = append(out, '\r', 0)
-		default:
-			out = append(out, c)
+// tftpAsciiPos is where a netascii block starts in the file: the offset of the
+// next byte to convert, and the second byte of a CR LF or CR NUL pair that the
+// previous block had no room for (-1: none).
+type tftpAsciiPos struct {
+	src   int64
+	carry int16
+}
+
+// fillNetascii converts the file from pos into out (LF becomes CR LF and a bare
+// CR becomes CR NUL, RFC 764) until out is full or the file ends, and says how
+// much it wrote and where the next block starts. Nothing is kept of the
+// converted file: a block sent again is converted again from its start.
+func (f *tftpFile) fillNetascii(out, scratch []byte, pos tftpAsciiPos) (int, tftpAsciiPos, error) {
+	n := 0
+	if pos.carry >= 0 && len(out) > 0 {
+		out[0] = byte(pos.carry)
+		n, pos.carry = 1, -1
+	}
+	for n < len(out) && pos.src < f.size {
+		// Each byte of the file makes one or two on the wire: what is left of
+		// out is enough of the file to read.
+		src, err := f.view(pos.src, int(min(int64(len(out)-n), f.size-pos.src)), scratch)
+		if err != nil {
+			return n, pos, err
+		}
+		for _, c := range src {
+			if n == len(out) {
+				break
+			}
+			pos.src++
+			var second int16 = -1
+			switch c {
+			case '\n':
+				out[n], second = '\r', '\n'
+			case '\r':
+				out[n], second = '\r', 0
+			default:
+				out[n] = c
+			}
+			n++
+			if second >= 0 {
+				if n < len(out) {
+					out[n] = byte(second)
+					n++
+				} else {
+					pos.carry = second
+				}
+			}
 		}
 	}
-	return out
+	return n, pos, nil
+}
+
+// netasciiSize is the size of the file once converted to netascii; it reads the
+// file through once, keeping nothing.
+func (f *tftpFile) netasciiSize(scratch []byte) (int64, error) {
+	f.asciiOnce.Do(func() {
+		size := f.size
+		for off := int64(0); off < f.size; {
+			b, err := f.view(off, int(min(int64(len(scratch)), f.size-off)), scratch)
+			if err != nil {
+				f.asciiErr = err
+				return
+			}
+			for _, c := range b {
+				if c == '\n' || c == '\r' {
+					size++
+				}
+			}
+			off += int64(len(b))
+		}
+		f.asciiSize = size
+	})
+	return f.asciiSize, f.asciiErr
 }
 
 // tftpTransfer is one RRQ being answered: which blocks are out, which are
 // acknowledged, and when to send again. Its methods are called by one goroutine at
-// a time (the poller's).
+// a time (the poller's). It holds no copy of the file: each block is read from
+// the shared cached contents or with pread at its offset into the poller's one
+// send buffer, so a transfer costs a few hundred bytes and a socket.
 type tftpTransfer struct {
 	tftpSock // the socket connected to the client
 
 	name    string
 	remote  netip.AddrPort
-	data    []byte
+	file    *tftpFile
+	ascii   bool
+	size    int64 // bytes on the wire: the file's, or its netascii conversion's
 	blksize int
 	window  int
 	timeout time.Duration
 	retries int
+	// life bounds the whole transfer, however steadily the client acknowledges.
+	life time.Duration
 
 	oack    []byte // the OACK, until the client acknowledges it
 	nblocks uint64 // blocks in the transfer, the last one shorter than blksize (maybe empty)
 	acked   uint64 // blocks acknowledged
 	sent    uint64 // blocks sent
 	tries   int    // timeouts since the last progress
-	// deadline is when to send again, on the poller's clock.
+	heard   bool   // the client acknowledged something: it is no spoofed source
+	// deadline is when to send again, end when to give up, on the poller's clock.
 	deadline    time.Duration
+	end         time.Duration
 	retransmits uint64
-	pkt         []byte
+	// pkt and scratch are the send buffer and a read buffer; on Linux the
+	// poller's, shared by all its transfers.
+	pkt, scratch []byte
+	// apos is, for netascii, where blocks acked+1 to sent+1 start in the file,
+	// block b at b mod len(apos).
+	apos []tftpAsciiPos
 }
 
-func newTFTPTransfer(r tftpRequest, data []byte, g tftpGrant) *tftpTransfer {
-	return &tftpTransfer{
+// The first packet of a transfer (its OACK or first block) is sent at most
+// tftpFirstRetries times more, tftpFirstTimeout apart at most, before the client
+// has acknowledged anything: a request from a spoofed source, which never will,
+// holds its socket for about three seconds.
+const (
+	tftpFirstTimeout = time.Second
+	tftpFirstRetries = 2
+)
+
+func newTFTPTransfer(r tftpRequest, f *tftpFile, size int64, g tftpGrant) *tftpTransfer {
+	t := &tftpTransfer{
 		name:    r.name,
-		data:    data,
+		file:    f,
+		ascii:   r.mode == "netascii",
+		size:    size,
 		blksize: g.blksize,
 		window:  g.window,
 		timeout: g.timeout,
 		oack:    g.oack,
-		nblocks: uint64(len(data)/g.blksize) + 1,
-		pkt:     make([]byte, 4+g.blksize),
+		nblocks: uint64(size/int64(g.blksize)) + 1,
+		life:    tftpDefaultLife,
 	}
+	if t.ascii {
+		t.apos = make([]tftpAsciiPos, g.window+1)
+		t.apos[1%len(t.apos)] = tftpAsciiPos{carry: -1}
+	}
+	return t
 }
 
-func (t *tftpTransfer) bytesAcked() int {
-	return min(int(t.acked)*t.blksize, len(t.data))
+func (t *tftpTransfer) bytesAcked() int64 {
+	return min(int64(t.acked)*int64(t.blksize), t.size)
+}
+
+// wait is how long to wait for the next acknowledgement, and tries how many
+// times to send again: fewer and sooner until the client has been heard from.
+func (t *tftpTransfer) wait() (time.Duration, int) {
+	if !t.heard {
+		return min(t.timeout, tftpFirstTimeout), min(t.retries, tftpFirstRetries)
+	}
+	return t.timeout, t.retries
+}
+
+func (t *tftpTransfer) setDeadline(now time.Duration) {
+	d, _ := t.wait()
+	t.deadline = min(now+d, t.end)
 }
 
 // begin sends the first packet: the OACK, or the first window of data.
 func (t *tftpTransfer) begin(now time.Duration) error {
+	t.end = now + t.life
+	if t.pkt == nil {
+		t.pkt, t.scratch = make([]byte, 4+t.blksize), make([]byte, t.blksize)
+	}
 	if t.oack != nil {
-		t.deadline = now + t.timeout
+		t.setDeadline(now)
 		return t.write(t.oack)
 	}
 	return t.sendWindow(now)
@@ -250,17 +362,35 @@ func (t *tftpTransfer) sendWindow(now time.Duration) error {
 		}
 	}
 	t.sent = max(t.sent, end)
-	t.deadline = now + t.timeout
+	t.setDeadline(now)
 	return nil
 }
 
+// errTFTPFileChanged is a transfer whose file came up short of the size it
+// announced: it was truncated while being sent.
+var errTFTPFileChanged = errors.New("the file changed while being sent")
+
 // sendBlock sends block b (counted from 1; its number on the wire wraps at 16 bits).
 func (t *tftpTransfer) sendBlock(b uint64) error {
-	off := int(b-1) * t.blksize
-	n := copy(t.pkt[4:], t.data[off:min(off+t.blksize, len(t.data))])
+	off := int64(b-1) * int64(t.blksize)
+	want := int(min(int64(t.blksize), t.size-off))
+	out := t.pkt[4 : 4+want]
+	if t.ascii {
+		pos := t.apos[b%uint64(len(t.apos))]
+		n, next, err := t.file.fillNetascii(out, t.scratch, pos)
+		if err != nil {
+			return err
+		}
+		if n != want {
+			return errTFTPFileChanged
+		}
+		t.apos[(b+1)%uint64(len(t.apos))] = next
+	} else if err := t.file.readAt(out, off); err != nil {
+		return err
+	}
 	t.pkt[0], t.pkt[1] = 0, tftpOpDATA
 	binary.BigEndian.PutUint16(t.pkt[2:], uint16(b))
-	return t.write(t.pkt[:4+n])
+	return t.write(t.pkt[:4+want])
 }
 
 // errTFTPClientError is a transfer the client ended with an error packet.
@@ -268,6 +398,9 @@ var errTFTPClientError = errors.New("the client sent an error")
 
 // errTFTPTimedOut is a transfer whose client stopped acknowledging.
 var errTFTPTimedOut = errors.New("no acknowledgement")
+
+// errTFTPTooLong is a transfer that outlived its bound (TransferTimeout).
+var errTFTPTooLong = errors.New("the transfer took longer than allowed")
 
 // receive handles a datagram from the client: an ACK moves the window on, an
 // ERROR ends the transfer, anything else is ignored. done says the last block is
@@ -295,6 +428,7 @@ func (t *tftpTransfer) receive(p []byte, now time.Duration) (done bool, err erro
 		}
 		t.oack = nil
 		t.tries = 0
+		t.heard = true
 		return false, t.sendWindow(now)
 	}
 	// Which of the blocks in flight n acknowledges, counting from the last one
@@ -307,6 +441,7 @@ func (t *tftpTransfer) receive(p []byte, now time.Duration) (done bool, err erro
 	}
 	t.acked += ahead
 	t.tries = 0
+	t.heard = true
 	if t.acked == t.nblocks {
 		return true, nil
 	}
@@ -321,12 +456,17 @@ func (t *tftpTransfer) receive(p []byte, now time.Duration) (done bool, err erro
 	return false, t.sendWindow(now)
 }
 
-// expire sends again what is unacknowledged, or gives up after the retries.
+// expire sends again what is unacknowledged, or gives up after the retries or
+// past the transfer's life.
 func (t *tftpTransfer) expire(now time.Duration) error {
-	if t.tries++; t.tries > t.retries {
+	if now >= t.end {
+		return errTFTPTooLong
+	}
+	if _, retries := t.wait(); t.tries >= retries {
 		return errTFTPTimedOut
 	}
-	t.deadline = now + t.timeout
+	t.tries++
+	t.setDeadline(now)
 	if t.oack != nil {
 		return t.write(t.oack)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
@@ -25,6 +26,7 @@ type scriptedTFTP struct {
 	loseData func(b uint64, n int) bool
 	loseAck  func(b uint64) bool
 	dupAck   func(b uint64) bool
+	mode     string // "octet" when empty
 
 	oack     map[string]string
 	arrivals map[uint64]int // DATA packets that reached the client, per block
@@ -44,7 +46,7 @@ func newScriptedTFTP(t *testing.T) *scriptedTFTP {
 func (c *scriptedTFTP) get(addr netip.AddrPort, name string, opts ...string) []byte {
 	c.t.Helper()
 	rrq := append([]byte{0, 1}, name...)
-	rrq = append(rrq, "\x00octet\x00"...)
+	rrq = append(append(append(rrq, 0), cmpOr(c.mode, "octet")...), 0)
 	for _, o := range opts {
 		rrq = append(append(rrq, o...), 0)
 	}
@@ -397,6 +399,56 @@ func TestTFTPNetascii(t *testing.T) {
 	}
 }
 
+// TestTFTPNetasciiStreamed: netascii is converted block by block, pairs split
+// across block boundaries, blocks lost and sent again (lock-step and windowed),
+// from the cache and from a file read with pread; what arrives is the whole
+// file converted, and tsize is the converted size.
+func TestTFTPNetasciiStreamed(t *testing.T) {
+	root := t.TempDir()
+	rng := rand.New(rand.NewPCG(3, 4))
+	text := make([]byte, 3000)
+	for i := range text {
+		text[i] = "ab\n\r"[rng.IntN(4)]
+	}
+	if err := writeFile(root+"/text", text); err != nil {
+		t.Fatal(err)
+	}
+	var want []byte
+	for _, c := range text {
+		switch c {
+		case '\n':
+			want = append(want, '\r', '\n')
+		case '\r':
+			want = append(want, '\r', 0)
+		default:
+			want = append(want, c)
+		}
+	}
+	for _, cached := range []bool{true, false} {
+		s, addr := startTFTP(t, root, func(s *TFTPServer) {
+			s.Timeout = 100 * time.Millisecond
+			if !cached {
+				s.cacheLimit = 1
+			}
+		})
+		for _, opts := range [][]string{{"blksize", "8", "tsize", "0"}, {"blksize", "9", "windowsize", "4"}, {"blksize", "1468"}} {
+			c := newScriptedTFTP(t)
+			c.mode = "netascii"
+			c.loseData = func(b uint64, n int) bool { return n == 1 && b%97 == 5 }
+			got := c.get(addr, "text", opts...)
+			if !bytes.Equal(got, want) {
+				t.Errorf("cached %v, %v: got %d bytes, want %d converted", cached, opts, len(got), len(want))
+			}
+			if opts[len(opts)-2] == "tsize" && c.oack["tsize"] != strconv.Itoa(len(want)) {
+				t.Errorf("tsize %q, want %d", c.oack["tsize"], len(want))
+			}
+		}
+		if st := waitStats(s, func(st TFTPStats) bool { return st.Transfers == 3 }); st.Transfers != 3 || st.Bytes != 3*uint64(len(want)) {
+			t.Errorf("cached %v: stats %+v", cached, st)
+		}
+	}
+}
+
 func TestParseTFTPRequest(t *testing.T) {
 	r, err := parseTFTPRequest([]byte("\x00\x01a/b\x00OCTET\x00blksize\x001468\x00BlkSize\x00512\x00tsize\x000\x00pad"))
 	if err != nil {
@@ -432,7 +484,7 @@ func FuzzParseTFTPRequest(f *testing.F) {
 			t.Fatalf("%+v", r)
 		}
 		g := s.negotiate(r, 12345, 1468)
-		if g.blksize < tftpMinBlksize || g.blksize > 1468 || g.window < 1 || g.window > tftpMaxWindow || g.timeout < time.Second || g.timeout > 255*time.Second {
+		if g.blksize < tftpMinBlksize || g.blksize > 1468 || g.window < 1 || g.window > tftpMaxWindow || g.timeout < time.Second || g.timeout > tftpMaxTimeout*time.Second {
 			t.Fatalf("%+v negotiated %+v", r, g)
 		}
 		if g.oack != nil {
@@ -454,7 +506,7 @@ func FuzzTFTPTransferReceive(f *testing.F) {
 		if len(script)%2 == 0 {
 			g.oack = []byte("\x00\x06blksize\x008\x00")
 		}
-		tr := newTFTPTransfer(tftpRequest{name: "f"}, data, g)
+		tr := newTFTPTransfer(tftpRequest{name: "f"}, memTFTPFile(data), int64(len(data)), g)
 		tr.retries = 3
 		openDiscard(t, &tr.tftpSock)
 		defer tr.close()

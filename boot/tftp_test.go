@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -184,9 +185,10 @@ func TestTFTPNotFoundIsQuick(t *testing.T) {
 	}
 }
 
-// TestTFTPConcurrencyCap: beyond MaxTransfers a request is refused at once with an
-// error packet, not queued.
-func TestTFTPConcurrencyCap(t *testing.T) {
+// TestTFTPAtCapacityWaits: beyond MaxTransfers a request is left unanswered, never
+// refused with an error packet (firmware gives up the boot on one), and counted
+// in Waits; the client's own retransmission is answered once a slot frees.
+func TestTFTPAtCapacityWaits(t *testing.T) {
 	root, files := tftpRoot(t)
 	s, addr := startTFTP(t, root, func(s *TFTPServer) {
 		s.MaxTransfers = 1
@@ -199,23 +201,114 @@ func TestTFTPConcurrencyCap(t *testing.T) {
 	if op != 3 {
 		t.Fatalf("first transfer: opcode %d, want DATA", op)
 	}
-	start := time.Now()
-	op, body, _ := rawRRQ(t, addr, "ipxe.efi")
-	if op != 5 || !strings.Contains(string(body[2:]), "busy") {
-		t.Fatalf("second transfer: opcode %d %q, want a busy error", op, body)
+	// A second request gets nothing while the slot is taken: no error packet.
+	conn := listenLoopback(t)
+	if _, err := conn.WriteToUDPAddrPort([]byte("\x00\x01ipxe.efi\x00octet\x00"), addr); err != nil {
+		t.Fatal(err)
 	}
-	if d := time.Since(start); d > 100*time.Millisecond {
-		t.Errorf("refused after %v", d)
+	conn.SetReadDeadline(time.Now().Add(150 * time.Millisecond))
+	if n, _, err := conn.ReadFromUDPAddrPort(make([]byte, 2000)); err == nil {
+		t.Fatalf("a request beyond capacity was answered with %d bytes; want silence", n)
 	}
-	// Once the stuck transfer is abandoned the slot is free again.
-	time.Sleep(700 * time.Millisecond)
-	if got := tftpGet(t, addr, "ipxe.efi", 0); !bytes.Equal(got, files["ipxe.efi"]) {
-		t.Error("transfer after the cap freed up differs")
+	if got := s.Stats(); got.Waits != 1 {
+		t.Errorf("stats %+v, want 1 wait", got)
+	}
+	// A client that sends its request again, as firmware does, gets the file once
+	// the stuck transfer is abandoned.
+	c, err := tftp.NewClient(addr.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetTimeout(200 * time.Millisecond)
+	c.SetRetries(20)
+	c.SetBackoff(func(int) time.Duration { return 0 })
+	wt, err := c.Receive("ipxe.efi", "octet")
+	if err != nil {
+		t.Fatalf("a client beyond capacity: %v", err)
+	}
+	var b bytes.Buffer
+	if _, err := wt.WriteTo(&b); err != nil || !bytes.Equal(b.Bytes(), files["ipxe.efi"]) {
+		t.Fatalf("a client beyond capacity got %d bytes (%v)", b.Len(), err)
 	}
 	// The server counts a transfer once it holds the last acknowledgement, a little
 	// after the client has its file.
-	if got := waitStats(s, func(st TFTPStats) bool { return st.Transfers == 1 }); got.Busy != 1 || got.Failed != 1 || got.Transfers != 1 {
-		t.Errorf("stats %+v, want 1 busy, 1 failed, 1 transfer", got)
+	if got := waitStats(s, func(st TFTPStats) bool { return st.Transfers == 1 }); got.Waits < 1 || got.Failed != 1 || got.Transfers != 1 || got.Refused != 0 {
+		t.Errorf("stats %+v, want waits, 1 failed, 1 transfer, none refused", got)
+	}
+}
+
+// TestTFTPTimeoutCapped: a timeout option beyond tftpMaxTimeout is left out of the
+// OACK (RFC 2349 has the OACK echo the value asked, so it is not lowered), and a
+// request that is never acknowledged holds its transfer for the few first-packet
+// retries only, not 255 s times the retries.
+func TestTFTPTimeoutCapped(t *testing.T) {
+	root, _ := tftpRoot(t)
+	s, addr := startTFTP(t, root, func(s *TFTPServer) { s.Timeout = 100 * time.Millisecond })
+	start := time.Now()
+	op, body, conn := rawRRQ(t, addr, "ipxe.efi", "timeout", "255", "blksize", "1468")
+	if op != tftpOpOACK || strings.Contains(string(body), "timeout") || !strings.Contains(string(body), "blksize\x001468") {
+		t.Fatalf("answer opcode %d %q, want an OACK of blksize alone", op, body)
+	}
+	// Count what arrives until the server gives up: the OACK and tftpFirstRetries
+	// more, 100 ms apart.
+	copies := 1
+	buf := make([]byte, 2000)
+	for {
+		conn.SetReadDeadline(time.Now().Add(2 * time.Second))
+		if _, _, err := conn.ReadFromUDPAddrPort(buf); err != nil {
+			break
+		}
+		copies++
+	}
+	if copies != 1+tftpFirstRetries {
+		t.Errorf("the OACK arrived %d times, want %d", copies, 1+tftpFirstRetries)
+	}
+	st := waitStats(s, func(st TFTPStats) bool { return st.Failed == 1 })
+	if st.Failed != 1 {
+		t.Errorf("stats %+v, want the transfer abandoned", st)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("abandoned after %v", d)
+	}
+	// A timeout within the cap is granted.
+	if op, body, _ := rawRRQ(t, addr, "ipxe.efi", "timeout", strconv.Itoa(tftpMaxTimeout)); op != tftpOpOACK || !strings.Contains(string(body), "timeout\x00"+strconv.Itoa(tftpMaxTimeout)+"\x00") {
+		t.Errorf("timeout %d: answer opcode %d %q", tftpMaxTimeout, op, body)
+	}
+}
+
+// TestTFTPTransferLife: a client that acknowledges every block just before the
+// server would send it again still loses its transfer after TransferTimeout.
+func TestTFTPTransferLife(t *testing.T) {
+	root, _ := tftpRoot(t)
+	s, addr := startTFTP(t, root, func(s *TFTPServer) {
+		s.Timeout = 2 * time.Second
+		s.TransferTimeout = 500 * time.Millisecond
+	})
+	// A slow client: each ACK 100 ms after its block, well within the timeout.
+	buf := make([]byte, 2000)
+	c := listenLoopback(t)
+	c.WriteToUDPAddrPort([]byte("\x00\x01undionly.kpxe\x00octet\x00"), addr)
+	start := time.Now()
+	var end time.Duration // when the last block arrived
+	for {
+		c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		n, from, err := c.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			break
+		}
+		end = time.Since(start)
+		if n < 4 || buf[1] != tftpOpDATA {
+			t.Fatalf("opcode %d", buf[1])
+		}
+		time.Sleep(100 * time.Millisecond)
+		c.WriteToUDPAddrPort([]byte{0, tftpOpACK, buf[2], buf[3]}, from)
+	}
+	// Uncut, the 2049 blocks would take over 200 s.
+	if end > 3*time.Second {
+		t.Errorf("the slow transfer was cut after %v; want about 500 ms", end)
+	}
+	if st := waitStats(s, func(st TFTPStats) bool { return st.Failed >= 1 }); st.Failed < 1 || st.Transfers != 0 {
+		t.Errorf("stats %+v, want the slow transfer failed", st)
 	}
 }
 
@@ -462,5 +555,102 @@ func TestTFTPRepeatedRequestIsOneTransfer(t *testing.T) {
 	n, _, err := conn.ReadFromUDPAddrPort(buf)
 	if err != nil || n < 4 || binary.BigEndian.Uint16(buf) != 3 || binary.BigEndian.Uint16(buf[2:]) != 1 {
 		t.Fatalf("a new request from the same port after the transfer: %d bytes, %v", n, err)
+	}
+}
+
+// TestTFTPFloodOfUnacknowledgedRequests: thousands of requests from as many source
+// ports, each asking for timeout 255 and never acknowledging (as spoofed sources
+// never do), cost the server little: a real client fetching a file during the
+// flood gets it promptly, and no flooding port ever hears "server busy" or any
+// other error.
+func TestTFTPFloodOfUnacknowledgedRequests(t *testing.T) {
+	root, files := tftpRoot(t)
+	s, addr := startTFTP(t, root, nil) // the defaults, as bcd site runs it
+	const sources = 3000
+	flood := make([]*net.UDPConn, sources)
+	for i := range flood {
+		flood[i] = listenLoopback(t)
+	}
+	rrq := []byte("\x00\x01undionly.kpxe\x00octet\x00timeout\x00255\x00blksize\x001468\x00tsize\x000\x00")
+	stop := make(chan struct{})
+	var peak atomic.Int64
+	var sent atomic.Int64
+	flooded := make(chan struct{})
+	go func() {
+		defer close(flooded)
+		// Round after round until the client has its file: a port whose
+		// transfer was abandoned starts another.
+		for round := 0; ; round++ {
+			for _, c := range flood {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				c.WriteToUDPAddrPort(rrq, addr)
+				sent.Add(1)
+				peak.Store(max(peak.Load(), s.active.Load()))
+			}
+		}
+	}()
+	// Let the flood take hold before the client asks.
+	deadline := time.Now().Add(20 * time.Second)
+	for s.active.Load() < sources/2 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	start := time.Now()
+	c, err := tftp.NewClient(addr.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetTimeout(time.Second)
+	c.SetRetries(5)
+	c.SetBlockSize(1468)
+	var got bytes.Buffer
+	wt, err := c.Receive("undionly.kpxe", "octet")
+	if err == nil {
+		_, err = wt.WriteTo(&got)
+	}
+	took := time.Since(start)
+	close(stop)
+	<-flooded
+	if err != nil || !bytes.Equal(got.Bytes(), files["undionly.kpxe"]) {
+		t.Fatalf("the client during the flood: %d bytes (%v)", got.Len(), err)
+	}
+	// Unloaded it takes a few tens of milliseconds; a loaded 2-core machine
+	// may stretch that, but not to the seconds a held-up client would wait.
+	if took > 5*time.Second {
+		t.Errorf("the client took %v during the flood", took)
+	}
+	if p := peak.Load(); p < sources/2 {
+		t.Errorf("at most %d transfers ran at once: the flood did not take hold", p)
+	}
+	// What the flooding ports received: OACKs, never an error packet.
+	buf := make([]byte, 2000)
+	oacks := 0
+	for _, fc := range flood {
+		rc, err := fc.SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Read what is queued without waiting: Go's deadlines return before
+		// trying once they have passed.
+		rc.Read(func(fd uintptr) bool {
+			for {
+				n, _, err := unix.Recvfrom(int(fd), buf, unix.MSG_DONTWAIT)
+				if err != nil {
+					return true
+				}
+				if n >= 2 && buf[1] == tftpOpERROR {
+					t.Errorf("a flooding port got error %q", buf[2:n])
+				}
+				oacks++
+			}
+		})
+	}
+	st := s.Stats()
+	t.Logf("%d requests from %d ports, %d transfers at most at once, %d OACKs received; the client took %v; stats %+v", sent.Load(), sources, peak.Load(), oacks, took, st)
+	if st.Refused != 0 || oacks == 0 {
+		t.Errorf("stats %+v, %d OACKs: want the flood answered with OACKs and nothing refused", st, oacks)
 	}
 }

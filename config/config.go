@@ -54,6 +54,13 @@ type Boot struct {
 	TFTPRoot   string
 	Interface  string
 	RamdiskDir string
+
+	// TFTPMaxTransfers bounds the TFTP transfers running at once (a request
+	// beyond is left for the client to send again); 0: the server's default.
+	TFTPMaxTransfers int64
+	// TFTPTransferTimeout bounds a TFTP transfer's life, in seconds; 0: the
+	// server's default.
+	TFTPTransferTimeout int64
 }
 
 // Plugins is [plugins], the bcx plugins a node runs.

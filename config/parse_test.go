@@ -54,6 +54,9 @@ server_ip = "10.0.0.1"
 proxy_dhcp = false
 interface = "eth0.100"
 ramdisk_dir = "/srv/ramdisk"
+# TFTP capacity and bounds
+tftp_max_transfers = 8192
+tftp_transfer_timeout = 120
 
 [plugins]
 dir = "/usr/local/lib/bcd/plugins"
@@ -263,6 +266,9 @@ var docs = []docCase{
 	{name: "server_ip v6", doc: "[boot]\nserver_ip = \"fe80::1\"\n", line: 2, msg: "not an IPv4 address"},
 	{name: "server_ip mapped", doc: "[boot]\nserver_ip = \"::ffff:10.0.0.1\"\n", line: 2, msg: "not an IPv4 address"},
 	{name: "long interface", doc: "[boot]\ninterface = \"enp0s31f6abcdefgh\"\n", line: 2, msg: "not a network interface name"},
+	{name: "tftp_max_transfers zero", doc: "[boot]\ntftp_max_transfers = 0\n", line: 2, msg: "[boot] tftp_max_transfers: must be at least 1"},
+	{name: "tftp_transfer_timeout zero", doc: "[boot]\ntftp_transfer_timeout = 0\n", line: 2, msg: "[boot] tftp_transfer_timeout: must be at least 1"},
+	{name: "tftp_transfer_timeout string", doc: "[boot]\ntftp_transfer_timeout = \"5m\"\n", line: 2, msg: "must be an integer, not a string"},
 	{name: "relative tftp_root", doc: "[boot]\ntftp_root = \"ipxe\"\n", line: 2, msg: "not an absolute path"},
 	{name: "cgroup outside", doc: "[plugins]\ncgroup = \"/sys/fs/cgroup/../../etc\"\n", line: 2, msg: "not below /sys/fs/cgroup"},
 	{name: "cgroup root", doc: "[plugins]\ncgroup = \"/sys/fs/cgroup\"\n", line: 2, msg: "not below /sys/fs/cgroup"},
@@ -416,6 +422,7 @@ func TestValues(t *testing.T) {
 			Kernel: "https://boot.example.com/k", Initrd: "https://boot.example.com/i",
 			Cmdline: `console=ttyS0 quiet "x" \\`, ServerIP: "10.0.0.1",
 			Interface: "eth0.100", RamdiskDir: "/srv/ramdisk",
+			TFTPMaxTransfers: 8192, TFTPTransferTimeout: 120,
 		},
 		Plugins: &Plugins{
 			Dir:        "/usr/local/lib/bcd/plugins",

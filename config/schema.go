@@ -51,6 +51,10 @@ var schema = []section{
 		str("tftp_root", func(c *Config) *string { return &c.Boot.TFTPRoot }, absPath),
 		str("interface", func(c *Config) *string { return &c.Boot.Interface }, ifName),
 		str("ramdisk_dir", func(c *Config) *string { return &c.Boot.RamdiskDir }, absPath),
+		// The TFTP server's capacity and bounds; absent means its defaults
+		// (boot.DefaultTFTPMaxTransfers, boot.DefaultTFTPTransferTimeout).
+		integer("tftp_max_transfers", func(c *Config) *int64 { return &c.Boot.TFTPMaxTransfers }, 1),
+		integer("tftp_transfer_timeout", func(c *Config) *int64 { return &c.Boot.TFTPTransferTimeout }, 1),
 	),
 	sect("plugins", func(c *Config) **Plugins { return &c.Plugins }, nil,
 		str("dir", func(c *Config) *string { return &c.Plugins.Dir }, absPath),

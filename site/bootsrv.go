@@ -141,7 +141,8 @@ func (s *Site) openBoot() (_ *bootServers, err error) {
 	s.setAddrs(func(a *Addrs) { a.HTTP = bs.httpLn.Addr().(*net.TCPAddr).AddrPort() })
 
 	if b.TFTP != "" {
-		bs.tftp = &boot.TFTPServer{Addr: b.TFTP, Root: b.TFTPRoot, Observer: s.events, Logger: s.log}
+		bs.tftp = &boot.TFTPServer{Addr: b.TFTP, Root: b.TFTPRoot, Observer: s.events, Logger: s.log,
+			MaxTransfers: int(b.TFTPMaxTransfers), TransferTimeout: time.Duration(b.TFTPTransferTimeout) * time.Second}
 		if err := bs.tftp.Listen(); err != nil {
 			bs.tftp = nil
 			return nil, err
