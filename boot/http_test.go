@@ -11,7 +11,9 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -342,5 +344,95 @@ func TestHTTPRamdiskFiles(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, served); diff != "" {
 		t.Errorf("events (-want +got):\n%s", diff)
+	}
+}
+
+// TestHTTPStatsConcurrent: Stats counts exactly what 8 clients at once were sent,
+// by route and status class, and the connections they opened.
+func TestHTTPStatsConcurrent(t *testing.T) {
+	h := startHTTP(t, func(s *HTTPServer) { s.BinDir = s.RamdiskDir; s.Observer = nil })
+	var dials atomic.Uint64
+	tr := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		dials.Add(1)
+		return (&net.Dialer{}).DialContext(ctx, network, addr)
+	}}
+	c := &http.Client{Transport: tr}
+	resp0, _ := h.do(t, "HEAD", "/ramdisk/vmlinuz")
+	tag := resp0.Header.Get("ETag")
+	before := h.srv.Stats() // the two HEADs above, over http.DefaultClient
+
+	type req struct {
+		route, method, path string
+		header              []string
+		status              int
+	}
+	reqs := []req{
+		{"script", "GET", "/ipxe/52:54:00:12:34:56.ipxe", nil, 200},
+		{"kernel", "GET", "/ramdisk/vmlinuz", nil, 200},
+		{"kernel", "GET", "/ramdisk/vmlinuz", []string{"If-None-Match", tag}, 304},
+		{"initrd", "GET", "/ramdisk/initrd", []string{"Range", "bytes=0-999"}, 206},
+		{"initrd", "HEAD", "/ramdisk/initrd", nil, 200},
+		{"binary", "GET", "/ipxe/ipxe.efi", nil, 200},
+		{"other", "GET", "/nope", nil, 404},
+	}
+	const clients, rounds = 8, 25
+	var mu sync.Mutex
+	want := map[string]HTTPRouteStats{}
+	var wantStatus [6]uint64
+	var wg sync.WaitGroup
+	for range clients {
+		wg.Go(func() {
+			for range rounds {
+				for _, rq := range reqs {
+					r, err := http.NewRequest(rq.method, h.base+rq.path, nil)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					for i := 0; i+1 < len(rq.header); i += 2 {
+						r.Header.Set(rq.header[i], rq.header[i+1])
+					}
+					resp, err := c.Do(r)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					n, err := io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if err != nil || resp.StatusCode != rq.status {
+						t.Errorf("%s %s: %s, %v", rq.method, rq.path, resp.Status, err)
+						return
+					}
+					mu.Lock()
+					w := want[rq.route]
+					w.Requests++
+					w.Bytes += uint64(n)
+					want[rq.route] = w
+					wantStatus[rq.status/100]++
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	tr.CloseIdleConnections()
+	http.DefaultClient.CloseIdleConnections()
+	waitForOpen := time.Now().Add(60 * time.Second)
+	for h.srv.Stats().Open != 0 && time.Now().Before(waitForOpen) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	got := h.srv.Stats()
+	got.Kernel.Requests -= before.Kernel.Requests
+	got.Status[2] -= before.Status[2]
+	got.Connections -= before.Connections
+	if diff := cmp.Diff(want, got.ByRoute()); diff != "" {
+		t.Errorf("by route (-want +got):\n%s", diff)
+	}
+	if got.Status != wantStatus || got.Connections != dials.Load() || got.Open != 0 || got.Stalled != 0 || got.TooSlow != 0 {
+		t.Errorf("status %v connections %d open %d stalled %d too slow %d; want status %v, %d connections (the client's dials), none open, none cut",
+			got.Status, got.Connections, got.Open, got.Stalled, got.TooSlow, wantStatus, dials.Load())
+	}
+	if want["kernel"].Bytes != clients*rounds*uint64(len(h.files["vmlinuz"])) || want["initrd"].Bytes != clients*rounds*1000 {
+		t.Errorf("the clients themselves were sent %+v", want)
 	}
 }

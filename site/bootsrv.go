@@ -28,6 +28,9 @@ type bootServers struct {
 	// (see ServeHTTP), so the proxy parameter can change between requests.
 	base   atomic.Pointer[boot.HTTPServer]
 	params ipxe.Params // without bcd.proxy
+	// hs serves base's deadlines and counts its connections; made with the
+	// first base, so that every copy shares its Stats.
+	hs     *http.Server
 	httpLn net.Listener
 	tftp   *boot.TFTPServer
 	dhcp   *boot.ProxyDHCP
@@ -103,7 +106,7 @@ func (s *Site) openBoot() (_ *bootServers, err error) {
 	if initrd == "" && b.RamdiskDir != "" {
 		initrd = base + "/ramdisk/initrd"
 	}
-	bs.base.Store(&boot.HTTPServer{
+	httpSrv := &boot.HTTPServer{
 		URL:        b.URL,
 		Table:      &s.table,
 		Params:     params,
@@ -114,7 +117,9 @@ func (s *Site) openBoot() (_ *bootServers, err error) {
 		BinDir:     b.TFTPRoot,
 		Observer:   s.events,
 		Logger:     s.log,
-	})
+	}
+	bs.hs = httpSrv.NewServer(bs)
+	bs.base.Store(httpSrv)
 
 	// On failure, close what was opened: Serve on an ended context does.
 	defer func() {
@@ -212,12 +217,7 @@ func (bs *bootServers) serve(ctx context.Context, wg *sync.WaitGroup, errc chan<
 			}
 		}
 	}
-	hs := &http.Server{
-		Handler:           bs,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		ErrorLog:          slog.NewLogLogger(bs.log.Handler(), slog.LevelDebug),
-	}
+	hs := bs.hs
 	wg.Go(func() {
 		if err := hs.Serve(bs.httpLn); !errors.Is(err, http.ErrServerClosed) {
 			fail(fmt.Errorf("boot HTTP: %w", err))
@@ -279,6 +279,9 @@ func (w *unavailableWriter) WriteHeader(code int) {
 	}
 	w.ResponseWriter.WriteHeader(code)
 }
+
+// Unwrap lets the boot server's write deadlines reach the connection.
+func (w *unavailableWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 func (w *unavailableWriter) Write(b []byte) (int, error) {
 	if w.replaced {
