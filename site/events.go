@@ -118,6 +118,7 @@ type runningServers struct {
 	events *reporter
 	dhcp   *boot.ProxyDHCP  // nil without proxy_dhcp
 	tftp   *boot.TFTPServer // nil without [boot] tftp
+	boot   *bootServers     // nil without [boot]
 }
 
 // EventStats returns the counters of the site's machine.booted reporting; zero

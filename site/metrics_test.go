@@ -36,8 +36,9 @@ func (d *slowDriver) Inventory(ctx context.Context, h bmc.Host) (bmc.Inventory, 
 
 // TestSiteMetricsAfterABoot: the site agent's endpoint after real clients on
 // loopback (PXE DISCOVERs and a REQUEST on 4011, packets that are not for it,
-// TFTP downloads and a missing file, BMC commands through a driver) counts what
-// they did, read from the servers' own counters at scrape time. About 1 s.
+// TFTP downloads and a missing file, the script and kernel over HTTP, BMC
+// commands through a driver) counts what they did, read from the servers' and
+// the event reporter's own counters at scrape time. About 1 s.
 func TestSiteMetricsAfterABoot(t *testing.T) {
 	f := newFixture(t, protocol.RoleSite, true)
 	spec := bootSpec(t, 3)
@@ -90,6 +91,9 @@ func TestSiteMetricsAfterABoot(t *testing.T) {
 	} else if ack, err := dhcpv4.FromBytes(buf[:n]); err != nil || ack.MessageType() != dhcpv4.MessageTypeAck {
 		t.Fatalf("4011 answered %v %v", ack, err)
 	}
+	if code, body := f.get(t, "/ramdisk/vmlinuz"); code != 200 || body != "KERNEL" {
+		t.Fatalf("kernel: %d %q", code, body)
+	}
 	// Two packets that are not DHCP.
 	for range 2 {
 		f.dhcpCli.WriteToUDPAddrPort([]byte("not a DHCP packet"), s.Addrs().DHCP)
@@ -136,6 +140,7 @@ func TestSiteMetricsAfterABoot(t *testing.T) {
 		}
 		check("bcd_site_dhcp_answers_total", L{"kind": "offer"}, 3)
 		check("bcd_site_dhcp_answers_total", L{"kind": "ack"}, 1)
+		check("bcd_site_dhcp_ignored_total", L{"reason": "no-entry"}, 1)
 		check("bcd_site_dhcp_ignored_total", nil, 1)
 		check("bcd_site_dhcp_malformed_total", nil, 2)
 		check("bcd_site_dhcp_packets_received_total", nil, 7)
@@ -143,7 +148,27 @@ func TestSiteMetricsAfterABoot(t *testing.T) {
 		check("bcd_site_tftp_transfers_total", nil, 2)
 		check("bcd_site_tftp_bytes_total", nil, 2*float64(len("IPXE-BIOS")))
 		check("bcd_site_tftp_errors_total", L{"code": "1"}, 1)
-		check("bcd_site_tftp_errors_total", L{"code": "0"}, 0)
+		check("bcd_site_tftp_errors_total", L{"code": "2"}, 0)
+		check("bcd_site_tftp_waits_total", nil, 0)
+		check("bcd_site_http_requests_total", L{"route": "kernel"}, 1)
+		check("bcd_site_http_bytes_total", L{"route": "kernel"}, float64(len("KERNEL")))
+		check("bcd_site_http_requests_total", L{"route": "initrd"}, 0)
+		check("bcd_site_http_responses_total", L{"class": "5xx"}, 0)
+		if n, _ := fams.Sum("bcd_site_http_requests_total", L{"route": "script"}); n < 1 {
+			problems = append(problems, "no script request counted")
+		}
+		if n, _ := fams.Sum("bcd_site_http_responses_total", L{"class": "2xx"}); n < 2 {
+			problems = append(problems, fmt.Sprintf("%v 2xx responses, want the script's and the kernel's at least", n))
+		}
+		// macA's two DISCOVERs came within the event interval: one event,
+		// one coalesced serve.
+		if n, _ := fams.Sum("bcd_site_events_coalesced_total", nil); n < 1 {
+			problems = append(problems, "no coalesced event for macA's second DISCOVER")
+		}
+		if n, _ := fams.Sum("bcd_site_events_journaled_total", nil); n < 3 {
+			problems = append(problems, fmt.Sprintf("%v events journaled, want dhcp, pxe and tftp at least", n))
+		}
+		check("bcd_site_events_dropped_total", nil, 0)
 		check("bcd_site_tftp_retransmits_total", nil, 0)
 		check("bcd_site_bmc_operation_duration_seconds", L{"op": site.BMCOpPowerCycle}, 1)
 		check("bcd_site_bmc_operation_duration_seconds", L{"op": site.BMCOpBootdev}, 1)
@@ -178,7 +203,7 @@ func TestSiteMetricsWithoutBoot(t *testing.T) {
 	}
 	go srv.Serve(t.Context())
 	fams := metricstest.Scrape(t, srv.URL())
-	for _, name := range []string{"bcd_site_dhcp_answers_total", "bcd_site_tftp_transfers_total"} {
+	for _, name := range []string{"bcd_site_dhcp_answers_total", "bcd_site_tftp_transfers_total", "bcd_site_http_requests_total"} {
 		if fams[name] != nil {
 			t.Errorf("%s without [boot]", name)
 		}

@@ -300,7 +300,7 @@ func (s *Site) Run(ctx context.Context) error {
 		s.applySpec(*saved, false)
 	}
 	if s.boot != nil {
-		s.running.Store(&runningServers{events: s.events, dhcp: s.boot.dhcp, tftp: s.boot.tftp})
+		s.running.Store(&runningServers{events: s.events, dhcp: s.boot.dhcp, tftp: s.boot.tftp, boot: s.boot})
 		s.boot.serve(sctx, &wg, errc)
 	}
 	s.log.Info("bcd site started", "node_id", id.NodeID, "site", s.siteName(), "gateway", c.GatewayURL, "boot", c.Boot != nil, "socket", s.socketPath(), "boot_id", bootID)

@@ -11,3 +11,13 @@ func (s *Site) TFTPStats() (boot.TFTPStats, bool) {
 	}
 	return boot.TFTPStats{}, false
 }
+
+// HTTPStats returns the boot HTTP server's counters, and false when it is not
+// running (no [boot]).
+func (s *Site) HTTPStats() (boot.HTTPStats, bool) {
+	if r := s.running.Load(); r != nil && r.boot != nil {
+		// Every copy of the configured server shares its counters.
+		return r.boot.base.Load().Stats(), true
+	}
+	return boot.HTTPStats{}, false
+}

@@ -1,9 +1,10 @@
 // Package sitemetrics is what bcd site exports on its [metrics] endpoint: the
-// boot servers' counters, read from their Stats at scrape time, and the
-// latency and failures of the BMC operations it runs.
+// boot servers' and the event reporter's counters, read from their Stats at
+// scrape time, and the latency and failures of the BMC operations it runs.
 package sitemetrics
 
 import (
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,7 +26,11 @@ type Collector struct {
 
 	dhcpReceived, dhcpMalformed, dhcpIgnored, dhcpAnswers, dhcpSendErrors, dhcpReadErrors *prometheus.Desc
 
-	tftpTransfers, tftpBytes, tftpErrors, tftpFailed, tftpInvalid, tftpRepeats, tftpRetransmits *prometheus.Desc
+	tftpTransfers, tftpBytes, tftpErrors, tftpWaits, tftpFailed, tftpInvalid, tftpRepeats, tftpRetransmits *prometheus.Desc
+
+	httpRequests, httpBytes, httpResponses, httpStalled, httpTooSlow, httpConns, httpOpen *prometheus.Desc
+
+	eventsJournaled, eventsCoalesced, eventsDropped, eventsNoMAC *prometheus.Desc
 
 	bmcDuration *prometheus.HistogramVec
 	bmcFailures *prometheus.CounterVec
@@ -42,18 +47,32 @@ func New(s *site.Site) *Collector {
 		site:           s,
 		dhcpReceived:   desc("dhcp_packets_received_total", "Packets the proxyDHCP read on ports 67 and 4011."),
 		dhcpMalformed:  desc("dhcp_malformed_total", "Packets dropped as not DHCP, or with a PXE option of the wrong length."),
-		dhcpIgnored:    desc("dhcp_ignored_total", "Packets not for this proxyDHCP: not PXE, no boot entry for the MAC, an architecture without a binary, a REQUEST on port 67."),
+		dhcpIgnored:    desc("dhcp_ignored_total", "Packets not for this proxyDHCP, by reason: not-pxe, no-entry (the MAC has no boot entry), no-binary, request-on-67 (the site DHCP server's), other.", "reason"),
 		dhcpAnswers:    desc("dhcp_answers_total", "Answers sent, by kind: offer (port 67) or ack (port 4011).", "kind"),
 		dhcpSendErrors: desc("dhcp_send_errors_total", "Answers the kernel refused to send."),
 		dhcpReadErrors: desc("dhcp_read_errors_total", "Failed reads other than the socket closing."),
 
 		tftpTransfers:   desc("tftp_transfers_total", "Files sent whole over TFTP."),
 		tftpBytes:       desc("tftp_bytes_total", "Bytes of the files sent whole over TFTP."),
-		tftpErrors:      desc("tftp_errors_total", "TFTP error packets sent in answer to a request, by RFC 1350 code: 1 file not found, 2 access violation (outside the root, a write, too large), 0 server busy.", "code"),
+		tftpErrors:      desc("tftp_errors_total", "TFTP error packets sent in answer to a request, by RFC 1350 code: 1 file not found, 2 access violation (outside the root, a write, too large). Capacity never answers an error (see tftp_waits_total).", "code"),
+		tftpWaits:       desc("tftp_waits_total", "Requests left unanswered because every transfer slot was busy: the client retransmits and is answered once one ends."),
 		tftpFailed:      desc("tftp_failed_total", "Transfers abandoned: the client stopped acknowledging, went away or sent an error."),
 		tftpInvalid:     desc("tftp_invalid_packets_total", "Datagrams at the TFTP port that start nothing: unparsable, or not a request."),
 		tftpRepeats:     desc("tftp_repeats_total", "Requests dropped because the same client port has a transfer under way (a firmware retransmitting its RRQ)."),
 		tftpRetransmits: desc("tftp_retransmits_total", "Blocks sent again in completed transfers, after a timeout or a windowsize client's gap."),
+
+		httpRequests:  desc("http_requests_total", "Boot HTTP requests by route: script (/ipxe/{mac}.ipxe), kernel, initrd, binary (/ipxe/{binary}), other.", "route"),
+		httpBytes:     desc("http_bytes_total", "Body bytes the boot HTTP server sent, by route.", "route"),
+		httpResponses: desc("http_responses_total", "Boot HTTP responses by status class (2xx, 3xx, 4xx, 5xx).", "class"),
+		httpStalled:   desc("http_stalled_total", "Boot HTTP responses cut because the client took nothing for the stall timeout."),
+		httpTooSlow:   desc("http_too_slow_total", "File downloads cut at their upper bound (stall timeout + size at the minimum rate)."),
+		httpConns:     desc("http_connections_total", "Connections the boot HTTP server accepted."),
+		httpOpen:      desc("http_connections_open", "Connections the boot HTTP server holds open now."),
+
+		eventsJournaled: desc("events_journaled_total", "machine.booted events handed to the journal, to be sent to the control plane."),
+		eventsCoalesced: desc("events_coalesced_total", "Serves folded into another machine.booted event's count (the same MAC and stage within the event interval) instead of an event of their own."),
+		eventsDropped:   desc("events_dropped_total", "Serves whose machine.booted event was lost: the journal refused it, or the tracking table overflowed."),
+		eventsNoMAC:     desc("events_no_mac_total", "Serves to a client address no MAC is known for: no event."),
 
 		bmcDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: Namespace, Name: "bmc_operation_duration_seconds",
@@ -85,7 +104,9 @@ func (c *Collector) observeBMC(op, reason string, took time.Duration) {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.dhcpReceived, c.dhcpMalformed, c.dhcpIgnored, c.dhcpAnswers, c.dhcpSendErrors, c.dhcpReadErrors,
-		c.tftpTransfers, c.tftpBytes, c.tftpErrors, c.tftpFailed, c.tftpInvalid, c.tftpRepeats, c.tftpRetransmits,
+		c.tftpTransfers, c.tftpBytes, c.tftpErrors, c.tftpWaits, c.tftpFailed, c.tftpInvalid, c.tftpRepeats, c.tftpRetransmits,
+		c.httpRequests, c.httpBytes, c.httpResponses, c.httpStalled, c.httpTooSlow, c.httpConns, c.httpOpen,
+		c.eventsJournaled, c.eventsCoalesced, c.eventsDropped, c.eventsNoMAC,
 	} {
 		ch <- d
 	}
@@ -102,7 +123,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	if st, ok := c.site.DHCPStats(); ok {
 		counter(c.dhcpReceived, st.Received)
 		counter(c.dhcpMalformed, st.Malformed)
-		counter(c.dhcpIgnored, st.Ignored)
+		for reason, n := range st.IgnoredByReason {
+			counter(c.dhcpIgnored, n, reason)
+		}
 		counter(c.dhcpAnswers, st.Offers, "offer")
 		counter(c.dhcpAnswers, st.Acks, "ack")
 		counter(c.dhcpSendErrors, st.SendErrors)
@@ -113,12 +136,30 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.tftpBytes, st.Bytes)
 		counter(c.tftpErrors, st.NotFound, "1")
 		counter(c.tftpErrors, st.Refused, "2")
-		counter(c.tftpErrors, st.Busy, "0")
+		counter(c.tftpWaits, st.Waits)
 		counter(c.tftpFailed, st.Failed)
 		counter(c.tftpInvalid, st.Errors)
 		counter(c.tftpRepeats, st.Repeats)
 		counter(c.tftpRetransmits, st.Retransmits)
 	}
+	if st, ok := c.site.HTTPStats(); ok {
+		for route, r := range st.ByRoute() {
+			counter(c.httpRequests, r.Requests, route)
+			counter(c.httpBytes, r.Bytes, route)
+		}
+		for class := 2; class < len(st.Status); class++ {
+			counter(c.httpResponses, st.Status[class], strconv.Itoa(class)+"xx")
+		}
+		counter(c.httpStalled, st.Stalled)
+		counter(c.httpTooSlow, st.TooSlow)
+		counter(c.httpConns, st.Connections)
+		ch <- prometheus.MustNewConstMetric(c.httpOpen, prometheus.GaugeValue, float64(st.Open))
+	}
+	ev := c.site.EventStats()
+	counter(c.eventsJournaled, ev.Journaled)
+	counter(c.eventsCoalesced, ev.Coalesced)
+	counter(c.eventsDropped, ev.Dropped)
+	counter(c.eventsNoMAC, ev.NoMAC)
 	c.bmcDuration.Collect(ch)
 	c.bmcFailures.Collect(ch)
 }
