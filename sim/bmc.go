@@ -29,9 +29,9 @@ const BMCUser = "admin"
 type power int
 
 const (
-	powerOff power = iota
-	powerOn        // on from off; a no-op when already on
-	powerReset     // cycle, cold or warm reset: the machine restarts
+	powerOff   power = iota
+	powerOn          // on from off; a no-op when already on
+	powerReset       // cycle, cold or warm reset: the machine restarts
 )
 
 // chassis is a simulated machine's chassis: its power and its boot flags.
@@ -73,11 +73,11 @@ func (c *chassis) restart() error {
 	return nil
 }
 
-func (c *chassis) PowerCycle(context.Context) error                  { return c.restart() }
-func (c *chassis) ColdReset(context.Context) error                   { return c.restart() }
-func (c *chassis) WarmReset(context.Context) error                   { return c.restart() }
-func (c *chassis) Identify(context.Context, uint8) error             { return nil }
-func (c *chassis) IntrusionState(context.Context) (bool, error)      { return false, nil }
+func (c *chassis) PowerCycle(context.Context) error             { return c.restart() }
+func (c *chassis) ColdReset(context.Context) error              { return c.restart() }
+func (c *chassis) WarmReset(context.Context) error              { return c.restart() }
+func (c *chassis) Identify(context.Context, uint8) error        { return nil }
+func (c *chassis) IntrusionState(context.Context) (bool, error) { return false, nil }
 func (c *chassis) SetBootInfoAcknowledge(context.Context, *types.BootOptionParam_BootInfoAcknowledge) error {
 	return nil
 }

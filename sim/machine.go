@@ -353,7 +353,7 @@ func (m *machine) claims() protocol.Claims {
 		CPUs:          64,
 		CPUModel:      "Simulated CPU @ 2.0GHz",
 		MemoryBytes:   256 << 30,
-		Disks: []protocol.Disk{{Name: "nvme0n1", SizeBytes: 1920 << 30, Model: "SIM NVMe", Serial: fmt.Sprintf("SIMD%07d", m.index)}},
+		Disks:         []protocol.Disk{{Name: "nvme0n1", SizeBytes: 1920 << 30, Model: "SIM NVMe", Serial: fmt.Sprintf("SIMD%07d", m.index)}},
 	}
 }
 

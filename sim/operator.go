@@ -44,7 +44,9 @@ type APIError struct {
 	Body   string
 }
 
-func (e *APIError) Error() string { return fmt.Sprintf("api: %d %s", e.Status, strings.TrimSpace(e.Body)) }
+func (e *APIError) Error() string {
+	return fmt.Sprintf("api: %d %s", e.Status, strings.TrimSpace(e.Body))
+}
 
 func (o *operator) do(ctx context.Context, method, path string, in, out any) error {
 	var body io.Reader

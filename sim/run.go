@@ -638,7 +638,9 @@ func startImage(ctx context.Context, listen string, size int64) (*image, error) 
 	for i := range head {
 		head[i] = byte(mr.Uint32())
 	}
-	gen := func() io.Reader { return io.MultiReader(bytesReader(head), &patternReader{left: size - int64(len(head))}) }
+	gen := func() io.Reader {
+		return io.MultiReader(bytesReader(head), &patternReader{left: size - int64(len(head))})
+	}
 	h := sha256.New()
 	io.Copy(h, gen())
 	ln, err := net.Listen("tcp", listen)

@@ -62,9 +62,9 @@ func tftpGet(ctx context.Context, ip netip.Addr, server netip.AddrPort, file str
 		lastTo          = server
 		retrans  int
 		tries    = 0
-		buf             = make([]byte, 65536)
-		negBlk          = 512
-		accepted        = false
+		buf      = make([]byte, 65536)
+		negBlk   = 512
+		accepted = false
 	)
 	const timeout = time.Second
 	for {

@@ -131,4 +131,3 @@ reported unsupported).`,
 	f.BoolVar(&c.Keep, "keep", false, "after the result, keep the node sessions up until interrupted")
 	return cmd
 }
-
