@@ -11,6 +11,7 @@
 package simlab
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -20,6 +21,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -59,6 +62,10 @@ type Lab struct {
 	KernelSize, InitrdSize int64
 	// Log receives progress lines; nil discards them.
 	Log io.Writer
+	// MetricsServe and MetricsSite, when set, are host:port (on SiteIP) where
+	// serve (--metrics-listen) and bcd site ([metrics] listen) serve
+	// /metrics; Metrics scrapes them.
+	MetricsServe, MetricsSite string
 
 	site, simNS      *testbed.Netns
 	serve, siteAgent *testbed.Process
@@ -161,8 +168,12 @@ func (l *Lab) startServe(ctx context.Context) error {
 
 // StartServe starts better-compute serve (again, on the same data).
 func (l *Lab) StartServe(ctx context.Context) error {
-	cmd := l.site.Command(l.Bin.BetterCompute, "serve", "--pki", l.pki, "--data", filepath.Join(l.Dir, "cp"),
-		"--listen", apiAddr, "--gateway-listen", gwAddr, "--operator-token-file", l.tokenFile)
+	args := []string{"serve", "--pki", l.pki, "--data", filepath.Join(l.Dir, "cp"),
+		"--listen", apiAddr, "--gateway-listen", gwAddr, "--operator-token-file", l.tokenFile}
+	if l.MetricsServe != "" {
+		args = append(args, "--metrics-listen", l.MetricsServe)
+	}
+	cmd := l.site.Command(l.Bin.BetterCompute, args...)
 	var err error
 	if l.serve, err = testbed.StartProcess("better-compute serve", cmd, filepath.Join(l.Dir, "logs", "serve.log")); err != nil {
 		return err
@@ -249,6 +260,9 @@ ramdisk_dir = %q
 dir = %q
 `, gwAddr, siteName, pins, filepath.Join(dir, "data"), filepath.Join(dir, "bcd.sock"),
 		bootHTTP, bootHTTP, SiteIP, SiteIP, filepath.Join(dir, "tftp"), filepath.Join(dir, "ramdisk"), filepath.Join(dir, "plugins"))
+	if l.MetricsSite != "" {
+		cfg += fmt.Sprintf("\n[metrics]\nlisten = %q\n", l.MetricsSite)
+	}
 	if err := os.WriteFile(l.siteConf, []byte(cfg), 0o600); err != nil {
 		return err
 	}
@@ -398,6 +412,36 @@ func (l *Lab) Run(ctx context.Context, o Options) (*sim.Result, error) {
 		return &r, ErrNotOK
 	}
 	return &r, werr
+}
+
+// Metrics GETs http://addr/metrics from inside the lab's namespace (where serve
+// and the site agent listen) and returns the exposition.
+func (l *Lab) Metrics(addr string) ([]byte, error) {
+	var body []byte
+	err := l.site.Do(func() error {
+		// Dialled on this goroutine, whose thread is in the namespace; an
+		// http.Client would dial from another.
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(20 * time.Second))
+		if _, err := io.WriteString(c, "GET /metrics HTTP/1.0\r\nHost: "+addr+"\r\n\r\n"); err != nil {
+			return err
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("GET http://%s/metrics: %s", addr, resp.Status)
+		}
+		body, err = io.ReadAll(resp.Body)
+		return err
+	})
+	return body, err
 }
 
 // Diagnostics are the services' log tails.

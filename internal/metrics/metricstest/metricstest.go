@@ -3,6 +3,7 @@
 package metricstest
 
 import (
+	"bytes"
 	"fmt"
 	"net/http"
 	"sort"
@@ -17,6 +18,17 @@ import (
 
 // Families is one scrape, by metric name.
 type Families map[string]*dto.MetricFamily
+
+// Parse reads a text exposition, such as a body fetched some other way.
+func Parse(t testing.TB, body []byte) Families {
+	t.Helper()
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(bytes.NewReader(body))
+	if err != nil {
+		t.Fatalf("metrics exposition: %v", err)
+	}
+	return fams
+}
 
 // Scrape GETs url and parses the text exposition; anything but 200 and a
 // parsable body fails the test.
