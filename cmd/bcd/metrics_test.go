@@ -65,7 +65,9 @@ func TestSiteMetricsCLI(t *testing.T) {
 	}
 	httpAddr, metricsAddr := freeTCP(t), freeTCP(t)
 	appendConfig(t, f.cfgPath, fmt.Sprintf("[boot]\nlisten = %q\nurl = \"http://%s\"\n\n[metrics]\nlisten = %q\n", httpAddr, httpAddr, metricsAddr))
-	siteHooks = func(s *site.Site) { s.Backoff = agent.Backoff{Initial: 5 * time.Millisecond, Max: 20 * time.Millisecond} }
+	siteHooks = func(s *site.Site) {
+		s.Backoff = agent.Backoff{Initial: 5 * time.Millisecond, Max: 20 * time.Millisecond}
+	}
 	defer func() { siteHooks = nil }()
 
 	var fams metricstest.Families
