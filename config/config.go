@@ -38,6 +38,7 @@ type Config struct {
 	Log     *Log
 	IMDS    *IMDS
 	Host    *Host
+	Metrics *Metrics
 }
 
 // Boot is [boot], the site agent's PXE boot server.
@@ -109,6 +110,13 @@ type IMDS struct {
 type Host struct {
 	Units             []string
 	CommandRootSHA256 string
+}
+
+// Metrics is [metrics]: bcd site serves Prometheus metrics on
+// http://Listen/metrics. Absent, it serves none; bcd node never does (it
+// ignores the section, which a host's shared config.toml may carry).
+type Metrics struct {
+	Listen string
 }
 
 // ParseOptions changes what Parse accepts.

@@ -92,6 +92,11 @@ var schema = []section{
 		list("units", func(c *Config) *[]string { return &c.Host.Units }, unitName),
 		str("command_root_sha256", func(c *Config) *string { return &c.Host.CommandRootSHA256 }, sha256Hex),
 	),
+	// [metrics] is bcd site's Prometheus endpoint; a section of its own so
+	// that [boot]'s keys can grow beside it.
+	sect("metrics", func(c *Config) **Metrics { return &c.Metrics }, checkMetrics,
+		str("listen", func(c *Config) *string { return &c.Metrics.Listen }, hostPort),
+	),
 }
 
 var sections = func() map[string]*section {
@@ -331,6 +336,15 @@ func checkBoot(c *Config, _ ParseOptions, line func(string) int) []*Error {
 		need("tftp")
 	}
 	return errs
+}
+
+// checkMetrics: a [metrics] section turns the endpoint on, so it must say
+// where; there is no default port to open by surprise.
+func checkMetrics(_ *Config, _ ParseOptions, line func(string) int) []*Error {
+	if line("listen") == 0 {
+		return []*Error{{Msg: "[metrics] needs listen, the host:port of the /metrics endpoint (such as 127.0.0.1:9464); leave the section out to serve none"}}
+	}
+	return nil
 }
 
 func checkUpdate(c *Config, _ ParseOptions, line func(string) int) []*Error {

@@ -165,11 +165,15 @@ type lab struct {
 	// powerFails says whether the n-th bmc.power (from 1) of a machine
 	// fails.
 	powerFails func(machine string, n int) bool
+	// tune changes the Server before each start.
+	tune func(*Server)
 }
 
-func newLab(t *testing.T, timeouts string) *lab {
+func newLab(t *testing.T, timeouts string) *lab { return newLabWith(t, timeouts, nil) }
+
+func newLabWith(t *testing.T, timeouts string, tune func(*Server)) *lab {
 	t.Helper()
-	l := &lab{t: t, pkiDir: newPKI(t), dataDir: filepath.Join(t.TempDir(), "data"), timeouts: timeouts, machines: map[string]*fakeMachine{}}
+	l := &lab{t: t, pkiDir: newPKI(t), dataDir: filepath.Join(t.TempDir(), "data"), timeouts: timeouts, machines: map[string]*fakeMachine{}, tune: tune}
 	var out *syncBuffer
 	l.s, out = l.start()
 	l.opToken = opToken.FindString(out.String())
@@ -204,6 +208,9 @@ func (l *lab) start() (*Server, *syncBuffer) {
 	return startServer(l.t, l.pkiDir, l.dataDir, func(s *Server) {
 		s.LifecycleTimeouts = l.timeouts
 		s.LifecycleTick = 50 * time.Millisecond
+		if l.tune != nil {
+			l.tune(s)
+		}
 	})
 }
 

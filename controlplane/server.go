@@ -27,6 +27,8 @@ import (
 	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/controlplane/store/sqlite"
 	"github.com/better-compute/bcd/controlplane/token"
+	"github.com/better-compute/bcd/internal/metrics"
+	"github.com/better-compute/bcd/internal/metrics/cpmetrics"
 	"github.com/better-compute/bcd/pki"
 	"github.com/better-compute/bcd/protocol"
 )
@@ -110,6 +112,10 @@ type Server struct {
 	// RolloutTick is how often the rollout controller looks at the active
 	// rollouts when nothing woke it; 0 means rollouts.DefaultTick.
 	RolloutTick time.Duration
+	// MetricsListen, when set (serve --metrics-listen), serves Prometheus
+	// metrics on http://MetricsListen/metrics (better_compute_*, go_*,
+	// process_*); "" serves none.
+	MetricsListen string
 
 	bundle     *pki.Bundle
 	store      store.Store
@@ -126,6 +132,7 @@ type Server struct {
 	lcDone     chan struct{}
 	rc         *rollouts.Controller
 	rcDone     chan struct{}
+	metrics    *metrics.Server
 }
 
 // observers tells each of several gateway observers.
@@ -168,6 +175,15 @@ func (s *Server) AdvertisedGatewayURL() string { return s.gatewayURL }
 
 // Bundle is the loaded PKI bundle, once started.
 func (s *Server) Bundle() *pki.Bundle { return s.bundle }
+
+// MetricsURL is where the metrics are served, once started with
+// MetricsListen; "" without.
+func (s *Server) MetricsURL() string {
+	if s.metrics == nil {
+		return ""
+	}
+	return s.metrics.URL()
+}
 
 // Store is the open store, once started.
 func (s *Server) Store() store.Store { return s.store }
@@ -253,6 +269,14 @@ func (s *Server) Start() (err error) {
 	}
 	cleanup = append(cleanup, func() { s.gwL.Close() })
 
+	if s.MetricsListen != "" {
+		// Bound with the other listeners, so a taken port fails the start.
+		if s.metrics, err = metrics.Listen(s.MetricsListen, metrics.NewRegistry(), s.log().With("component", "metrics")); err != nil {
+			return fmt.Errorf("serve: --metrics-listen: %w", err)
+		}
+		cleanup = append(cleanup, s.metrics.Close)
+	}
+
 	s.gatewayURL = firstOf(s.GatewayURL, os.Getenv(EnvGatewayURL), "https://"+advertise(s.gwL.Addr()))
 	serverName := firstOf(s.GatewayServerName, os.Getenv(EnvGatewayServerName))
 	gwURL, err := url.Parse(s.gatewayURL)
@@ -317,6 +341,13 @@ func (s *Server) Start() (err error) {
 		Logger:             s.log().With("component", "rollouts"),
 	}
 	s.rc.Init()
+	if s.metrics != nil {
+		m := cpmetrics.New(s.gw.SessionsByRole, s.store)
+		s.metrics.Registry().MustRegister(m.Collectors()...)
+		s.gw.Joiner = m.Joiner(s.gw.Joiner)
+		s.gw.Events = m.Events(s.gw.Events)
+		s.lc.Metrics = m
+	}
 	s.gw.Observer = observers{s.lc, s.rc}
 	s.gw.Sections = s.rc
 	s.gw.MinProtocolVersion = s.MinProtocolVersion
@@ -370,7 +401,7 @@ func (s *Server) Start() (err error) {
 		},
 	}
 	s.apiURL = "https://" + s.apiL.Addr().String() + s.BasePath
-	s.serveErr = make(chan error, 2)
+	s.serveErr = make(chan error, 3)
 	for _, p := range []struct {
 		srv *http.Server
 		l   net.Listener
@@ -394,6 +425,14 @@ func (s *Server) Start() (err error) {
 	}()
 	fmt.Fprintf(s.out(), "api listening on %s\n", s.apiURL)
 	fmt.Fprintf(s.out(), "gateway listening on %s\n", s.GatewayAddrURL())
+	if s.metrics != nil {
+		go func() {
+			if err := s.metrics.Serve(context.Background()); err != nil {
+				s.serveErr <- err
+			}
+		}()
+		fmt.Fprintf(s.out(), "metrics listening on %s\n", s.metrics.URL())
+	}
 	s.log().Info("control plane started", "api", s.apiURL, "gateway", s.GatewayAddrURL(), "gateway_url", s.gatewayURL,
 		"gateway_server_name", serverName, "trust_domain", pub.TrustDomain, "downloads", s.DownloadsDir != "",
 		"lifecycle_timeouts", timeouts.WithDefaults().String(), "release_pins", len(s.ReleasePins),
@@ -416,6 +455,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 				case <-ctx.Done():
 				}
 			}
+		}
+		if s.metrics != nil {
+			s.metrics.Close()
 		}
 		err = errors.Join(
 			s.apiSrv.Shutdown(ctx),

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"sync"
+	"time"
 
 	"github.com/better-compute/bcd/agent"
 	"github.com/better-compute/bcd/bmc"
@@ -54,7 +55,9 @@ func (s *Site) runBMC(ctx context.Context, cmd protocol.Command, report func(pro
 	if err := report(protocol.Status{State: protocol.StateRunning}); err != nil {
 		return err
 	}
+	start := time.Now()
 	res, err := s.bmcExec.Run(ctx, cmd.Kind, cmd.Params)
+	s.observeBMC(cmd, time.Since(start), err)
 	var f *bmcFailure
 	switch {
 	case errors.Is(err, errNotBMCKind):
@@ -69,6 +72,59 @@ func (s *Site) runBMC(ctx context.Context, cmd protocol.Command, report func(pro
 		return err
 	}
 	return report(protocol.Status{State: protocol.StateSucceeded, Result: data})
+}
+
+// The operations BMCObserver names, one per driver call a command makes.
+const (
+	BMCOpPowerOn     = "power-on"
+	BMCOpPowerOff    = "power-off"
+	BMCOpPowerCycle  = "power-cycle"
+	BMCOpPowerReset  = "power-reset"
+	BMCOpPowerStatus = "power-status"
+	BMCOpBootdev     = "bootdev"
+	BMCOpInventory   = "inventory"
+	// BMCOpInvalid is a bmc.power whose action is none of the above: it
+	// fails before any BMC is asked.
+	BMCOpInvalid = "invalid"
+)
+
+// BMCOps are every operation BMCObserver may name.
+var BMCOps = []string{BMCOpPowerOn, BMCOpPowerOff, BMCOpPowerCycle, BMCOpPowerReset, BMCOpPowerStatus, BMCOpBootdev, BMCOpInventory, BMCOpInvalid}
+
+// bmcOp names the operation of a bmc.* command, from a fixed set so that
+// a metric's labels stay bounded whatever the params hold.
+func bmcOp(cmd protocol.Command) string {
+	switch cmd.Kind {
+	case protocol.KindBMCBootdev:
+		return BMCOpBootdev
+	case protocol.KindBMCInventory:
+		return BMCOpInventory
+	}
+	var p struct {
+		Action string `json:"action"`
+	}
+	_ = json.Unmarshal(cmd.Params, &p) // bad params are the executor's to report
+	switch p.Action {
+	case protocol.PowerOn, protocol.PowerOff, protocol.PowerCycle, protocol.PowerReset, protocol.PowerStatus:
+		return "power-" + p.Action
+	}
+	return BMCOpInvalid
+}
+
+// observeBMC tells BMCObserver how a command went.
+func (s *Site) observeBMC(cmd protocol.Command, took time.Duration, err error) {
+	if s.BMCObserver == nil || errors.Is(err, errNotBMCKind) {
+		return
+	}
+	reason := ""
+	var f *bmcFailure
+	switch {
+	case errors.As(err, &f):
+		reason = f.Reason
+	case err != nil:
+		reason = agent.ReasonError
+	}
+	s.BMCObserver(bmcOp(cmd), reason, took)
 }
 
 // lazyDriver starts its plugin on the first call, so a site whose BMCs are never

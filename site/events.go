@@ -116,7 +116,9 @@ func newReporter(sink eventSink, log *slog.Logger, now func() time.Time, interva
 // runningServers are what the Stats methods of a running Site read.
 type runningServers struct {
 	events *reporter
-	dhcp   *boot.ProxyDHCP // nil without proxy_dhcp
+	dhcp   *boot.ProxyDHCP  // nil without proxy_dhcp
+	tftp   *boot.TFTPServer // nil without [boot] tftp
+	boot   *bootServers     // nil without [boot]
 }
 
 // EventStats returns the counters of the site's machine.booted reporting; zero

@@ -59,6 +59,11 @@ type Site struct {
 	// PluginRuntimeDir holds the plugins' sockets; empty means
 	// pluginhost.DefaultRuntimeDir.
 	PluginRuntimeDir string
+	// BMCObserver, if set, hears of every bmc.* command a driver ran: its
+	// operation (a BMCOp* value), how long it took and, when it failed, the
+	// protocol reason of its FAILED status ("" when it succeeded). The
+	// metrics endpoint's histogram; it must not block.
+	BMCObserver func(op, reason string, took time.Duration)
 
 	// DHCPAddr, PXEAddr and DHCPBroadcast replace the proxyDHCP's ports 67 and
 	// 4011 and its broadcast destination (boot.ProxyDHCP's Addr, PXEAddr and
@@ -295,7 +300,7 @@ func (s *Site) Run(ctx context.Context) error {
 		s.applySpec(*saved, false)
 	}
 	if s.boot != nil {
-		s.running.Store(&runningServers{events: s.events, dhcp: s.boot.dhcp})
+		s.running.Store(&runningServers{events: s.events, dhcp: s.boot.dhcp, tftp: s.boot.tftp, boot: s.boot})
 		s.boot.serve(sctx, &wg, errc)
 	}
 	s.log.Info("bcd site started", "node_id", id.NodeID, "site", s.siteName(), "gateway", c.GatewayURL, "boot", c.Boot != nil, "socket", s.socketPath(), "boot_id", bootID)

@@ -30,7 +30,8 @@ func newNodeCmd() *cobra.Command {
 it keeps an outbound session to the gateway, runs the node's commands (node.reboot,
 daemon.upgrade), updates itself to a signed release the daemon section names (see
 bcd update), keeps unacknowledged statuses in its journal, and answers a JSON status
-on its unix socket (socket_path, GET /v1/status).`,
+on its unix socket (socket_path, GET /v1/status). A [metrics] section is bcd
+site's: bcd node ignores it, with a warning.`,
 		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if labfault.Crash {
@@ -48,6 +49,11 @@ on its unix socket (socket_path, GET /v1/status).`,
 			logger, err := agent.NewLogger(cmd.ErrOrStderr(), cfg.LogOrDefault())
 			if err != nil {
 				return cli.Usagef("bcd node: %w", err)
+			}
+			if cfg.Metrics != nil {
+				// The node opens no TCP listener. The section is not refused:
+				// a site agent on the same host reads the same config.toml.
+				logger.Warn("ignoring [metrics]: bcd node serves no metrics; the section is bcd site's", "listen", cfg.Metrics.Listen)
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
@@ -14,8 +16,35 @@ import (
 	"github.com/better-compute/bcd/config"
 	"github.com/better-compute/bcd/internal/cli"
 	"github.com/better-compute/bcd/internal/labfault"
+	"github.com/better-compute/bcd/internal/metrics"
+	"github.com/better-compute/bcd/internal/metrics/sitemetrics"
 	"github.com/better-compute/bcd/site"
 )
+
+// serveSiteMetrics serves [metrics] listen, when the section is there, until
+// the returned function is called. The port is bound before Run: a site agent
+// configured for metrics does not run without them.
+func serveSiteMetrics(ctx context.Context, s *site.Site, log *slog.Logger) (func(), error) {
+	m := s.Config.Metrics
+	if m == nil {
+		return func() {}, nil
+	}
+	reg := metrics.NewRegistry()
+	reg.MustRegister(sitemetrics.New(s))
+	srv, err := metrics.Listen(m.Listen, reg, log)
+	if err != nil {
+		return nil, fmt.Errorf("[metrics] listen: %w", err)
+	}
+	log.Info("metrics listening", "url", srv.URL())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(ctx); err != nil {
+			log.Error("the metrics endpoint stopped", "error", err.Error())
+		}
+	}()
+	return func() { srv.Close(); <-done }, nil
+}
 
 // siteHooks lets tests point the proxyDHCP at loopback and shorten timings; the
 // binary leaves it nil.
@@ -32,7 +61,9 @@ outbound session to the gateway and applies the site's desired state: the boot t
 boot network, and the BMC hosts that bmc.power, bmc.bootdev and bmc.inventory drive.
 It answers a JSON status on its unix socket (socket_path, GET /v1/status).
 Without a [boot] section it serves no PXE machine. The last spec is kept in
-<data_dir>/site-spec.json so a restart during a gateway outage keeps booting.`,
+<data_dir>/site-spec.json so a restart during a gateway outage keeps booting.
+With a [metrics] section it serves Prometheus metrics on http://<listen>/metrics
+(bcd_site_*: DHCP, TFTP, BMC operations; go_* and process_*).`,
 		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if labfault.Crash {
@@ -64,10 +95,16 @@ Without a [boot] section it serves no PXE machine. The last spec is kept in
 			if siteHooks != nil {
 				siteHooks(s)
 			}
+			closeMetrics, err := serveSiteMetrics(ctx, s, logger)
+			if err != nil {
+				return fmt.Errorf("bcd site: %w", err)
+			}
 			err = s.Run(ctx)
+			closeMetrics()
 			if errors.Is(err, daemonupdate.ErrExec) {
 				// Run has closed the journal, the sockets, the servers and
-				// the plugins.
+				// the plugins; the metrics port is closed too, for the new
+				// binary to bind.
 				stop()
 				return s.ExecUpdate()
 			}

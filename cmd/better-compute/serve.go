@@ -13,6 +13,7 @@ import (
 	"github.com/better-compute/bcd/controlplane/lifecycle"
 	"github.com/better-compute/bcd/controlplane/rollouts"
 	"github.com/better-compute/bcd/internal/cli"
+	"github.com/better-compute/bcd/internal/metrics"
 	"github.com/better-compute/bcd/protocol"
 )
 
@@ -43,7 +44,11 @@ manifest under --release-pins (at least --release-threshold of them), and refuse
 them.
 
 Node certificates last --cert-lifetime (default 90 days); a node renews its certificate
-at about two thirds of that over POST /v1/renew.`,
+at about two thirds of that over POST /v1/renew.
+
+With --metrics-listen HOST:PORT it serves Prometheus metrics on http://HOST:PORT/metrics
+(better_compute_*: sessions, joins, machines by state, deployments, agents' events; go_*
+and process_*). It has no authentication: bind it to the monitoring network.`,
 		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if s.PKIDir == "" || s.DataDir == "" {
@@ -51,6 +56,11 @@ at about two thirds of that over POST /v1/renew.`,
 			}
 			if s.CertLifetime < controlplane.MinCertLifetime {
 				return cli.Usagef("serve: --cert-lifetime %s: want at least %s", s.CertLifetime, controlplane.MinCertLifetime)
+			}
+			if s.MetricsListen != "" {
+				if err := metrics.CheckAddr(s.MetricsListen); err != nil {
+					return cli.Usagef("serve: --metrics-listen: %w", err)
+				}
 			}
 			var level slog.Level
 			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
@@ -83,6 +93,7 @@ at about two thirds of that over POST /v1/renew.`,
 	f.DurationVar(&s.RolloutTick, "rollout-interval", rollouts.DefaultTick, "how often the rollout controller looks at active rollouts when nothing woke it (for tests)")
 	f.MarkHidden("min-protocol-version")
 	f.MarkHidden("rollout-interval")
+	f.StringVar(&s.MetricsListen, "metrics-listen", "", "serve Prometheus metrics on http://HOST:PORT/metrics (default: none)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd
 }

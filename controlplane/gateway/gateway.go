@@ -341,3 +341,16 @@ func (s *Server) unregister(ss *session) {
 		delete(s.sessions, ss.nodeID)
 	}
 }
+
+// SessionsByRole counts the open sessions here by the role of their node
+// (protocol.RoleSite, RoleRamdisk, RoleNode): the metrics endpoint reads it
+// at each scrape.
+func (s *Server) SessionsByRole() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]int, 3)
+	for _, ss := range s.sessions {
+		out[ss.role]++
+	}
+	return out
+}

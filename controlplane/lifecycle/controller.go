@@ -52,6 +52,17 @@ type Notifier interface {
 	SpecChanged(site string)
 }
 
+// DeployObserver is told how deployments go, for the metrics endpoint. Calls
+// must not block.
+type DeployObserver interface {
+	// DeploymentFinished: a deployment ended with outcome (OutcomeProvisioned,
+	// OutcomeFailed, OutcomeCancelled), took after it started.
+	DeploymentFinished(outcome string, took time.Duration)
+	// ImageWritten: a deploy.image SUCCEEDED, having written bytes to the
+	// disk in took (as the ramdisk measured it).
+	ImageWritten(bytes int64, took time.Duration)
+}
+
 // Controller runs every machine's lifecycle. Set the fields, then Run it;
 // Deploy and Cancel start and stop a machine's deployment, and the gateway
 // and the JoinService tell it what changed (StatusApplied, SessionChanged,
@@ -88,6 +99,9 @@ type Controller struct {
 	Logger *slog.Logger
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// Metrics, when set, hears of every deployment that ended and every
+	// deploy.image that succeeded, once the store has the step.
+	Metrics DeployObserver
 
 	mu      sync.Mutex
 	cond    *sync.Cond
@@ -480,6 +494,14 @@ func (c *Controller) Cancel(ctx context.Context, m store.Machine) (store.Deploym
 // applied tells the agents and the controller's own maps what a written plan
 // changed.
 func (c *Controller) applied(p *plan) {
+	if c.Metrics != nil {
+		if p.written != nil {
+			c.Metrics.ImageWritten(p.written.ImageSize, time.Duration(p.written.DurationMS)*time.Millisecond)
+		}
+		if p.ch.Finish != "" && !p.d.CreatedAt.IsZero() {
+			c.Metrics.DeploymentFinished(p.ch.Finish, p.now.Sub(p.d.CreatedAt))
+		}
+	}
 	if p.ch.BootMode != nil && c.Notifier != nil {
 		c.Notifier.SpecChanged(p.m.Site)
 	}

@@ -43,6 +43,8 @@ type plan struct {
 	now        time.Time
 	dirty      bool
 	oldCommand string
+	// written is the result of the deploy.image this step saw succeed.
+	written *protocol.DeployImageResult
 }
 
 func (p *plan) state(state, reason string) {
@@ -465,6 +467,7 @@ func (p *plan) installed(cmd store.Command) {
 	t := p.c.timeouts()
 	var res protocol.DeployImageResult
 	json.Unmarshal(cmd.Result, &res)
+	p.written = &res
 	summary, data := deploySummary(res)
 	p.note(protocol.MachineEventDeployDone, "deploy.image "+summary, data)
 	d.Step, d.CommandID, d.Deadline, d.LostAt = StepWaitNode, "", p.now.Add(t.Install), time.Time{}

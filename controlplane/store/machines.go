@@ -263,6 +263,10 @@ type Machines interface {
 	FindMachinesByName(ctx context.Context, name string) ([]Machine, error)
 	// ListMachines lists a site's machines ("": every site's), oldest first.
 	ListMachines(ctx context.Context, site string) ([]Machine, error)
+	// CountMachinesByState counts every site's machines by lifecycle state
+	// (a state no machine is in is absent): one query, for the metrics
+	// endpoint, without reading the machines.
+	CountMachinesByState(ctx context.Context) (map[string]int, error)
 	// UpdateMachine applies u to the machine's spec and returns the
 	// machine; a change of boot override or BMC moves the site's spec
 	// revision on. With u.IfIdle a machine whose deployment has not

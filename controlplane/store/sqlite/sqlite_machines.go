@@ -139,6 +139,25 @@ func (s *sqliteStore) ListMachines(ctx context.Context, site string) ([]store.Ma
 	return s.queryMachines(ctx, "list machines of "+site, `WHERE site = ?`, site)
 }
 
+func (s *sqliteStore) CountMachinesByState(ctx context.Context) (map[string]int, error) {
+	type count struct {
+		state string
+		n     int
+	}
+	rows, err := queryAll(ctx, s.r, "count machines by state", func(r interface{ Scan(...any) error }) (count, error) {
+		var c count
+		return c, r.Scan(&c.state, &c.n)
+	}, `SELECT state, COUNT(*) FROM machines GROUP BY state`)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]int, len(rows))
+	for _, c := range rows {
+		out[c.state] = c.n
+	}
+	return out, nil
+}
+
 func (s *sqliteStore) UpdateMachine(ctx context.Context, id string, u store.MachineUpdate) (store.Machine, error) {
 	var m store.Machine
 	err := s.tx(ctx, func(tx *sql.Tx) error {

@@ -51,6 +51,9 @@ func testMachines(t *testing.T, s store.Store) {
 	if b, _ := json.Marshal(got); strings.Contains(string(b), "s3cret") {
 		t.Errorf("a machine's JSON carries the BMC password: %s", b)
 	}
+	if n, err := s.CountMachinesByState(ctx); err != nil || len(n) != 1 || n[store.MachineRegistered] != 1 {
+		t.Errorf("machines by state: %v %v, want registered 1", n, err)
+	}
 	if by, err := s.FindMachineByMAC(ctx, "52:54:00:00:00:02"); err != nil || by.ID != m.ID {
 		t.Errorf("by MAC: %+v %v", by, err)
 	}

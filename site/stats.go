@@ -1,0 +1,23 @@
+package site
+
+import "github.com/better-compute/bcd/boot"
+
+// TFTPStats returns the TFTP server's counters, and false when it is not
+// running. A metrics scrape reads them: the server counts anyway, so this
+// costs it nothing.
+func (s *Site) TFTPStats() (boot.TFTPStats, bool) {
+	if r := s.running.Load(); r != nil && r.tftp != nil {
+		return r.tftp.Stats(), true
+	}
+	return boot.TFTPStats{}, false
+}
+
+// HTTPStats returns the boot HTTP server's counters, and false when it is not
+// running (no [boot]).
+func (s *Site) HTTPStats() (boot.HTTPStats, bool) {
+	if r := s.running.Load(); r != nil && r.boot != nil {
+		// Every copy of the configured server shares its counters.
+		return r.boot.base.Load().Stats(), true
+	}
+	return boot.HTTPStats{}, false
+}
