@@ -30,6 +30,8 @@ func TestBootStormCoalesced(t *testing.T) {
 	f.setSpec(protocol.Spec{Revision: 1, Sections: map[string]json.RawMessage{
 		protocol.SectionBoot: section(t, protocol.BootSection{Entries: entries})}})
 	s, _, _ := f.start(t, nil)
+	// The boot servers listen once the spec is applied, after start returns.
+	waitFor(t, "the proxyDHCP sockets", func() bool { a := s.Addrs(); return a.DHCP.IsValid() && a.PXE.IsValid() })
 	waitFor(t, "the boot table", func() bool { return f.discover(t, s, macs[0].String(), 200*time.Millisecond) != nil })
 	before, _ := s.DHCPStats()
 
