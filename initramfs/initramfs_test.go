@@ -275,7 +275,9 @@ func TestBootsToBcdRamdisk(t *testing.T) {
 
 	t.Run("parameters", func(t *testing.T) {
 		vm := boot(t, "ramdisk-params", params)
-		line := wait(t, vm, `\{"time":[^\n]*"msg":"bcd ramdisk starting"[^\n]*`, 3*time.Minute)
+		// Each pattern ends at the line's newline: the console is read while
+		// the guest writes it, and half a line matches [^\n]* too.
+		line := wait(t, vm, `\{"time":[^\n]*"msg":"bcd ramdisk starting"[^\n]*\n`, 3*time.Minute)
 		for _, want := range []string{`"site":"site_qemu"`, `"gateway_url":"https://gw.test.invalid:8443"`,
 			`"serving_ca_pin":"` + pin + `"`, `"boot_nonce":"(43 characters)"`, `"proxy":"none"`} {
 			if !strings.Contains(line, want) {
@@ -284,7 +286,7 @@ func TestBootsToBcdRamdisk(t *testing.T) {
 		}
 		// virtio-rng-pci is the VM's only virtio device: virtio_pci loads by its
 		// PCI modalias, and virtio_rng in the round after, by the device it brought.
-		mods := wait(t, vm, `"msg":"kernel modules loaded"[^\n]*`, time.Minute)
+		mods := wait(t, vm, `"msg":"kernel modules loaded"[^\n]*\n`, time.Minute)
 		for _, want := range []string{"virtio_pci", "virtio_rng", "ext4", "vfat"} {
 			if !strings.Contains(mods, `"`+want+`"`) {
 				t.Errorf("%s not loaded: %s", want, mods)
