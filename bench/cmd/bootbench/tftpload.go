@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,6 +22,7 @@ func tftpLoad(ctx context.Context, l load) (result, error) {
 	var w window
 	var got, transfers, all atomic.Int64
 	var errs errorLog
+	var refused atomic.Int64
 	var workers sync.WaitGroup
 	for range l.Clients {
 		workers.Go(func() {
@@ -42,6 +44,10 @@ func tftpLoad(ctx context.Context, l load) (result, error) {
 			for !w.stopped.Load() {
 				wt, err := c.Receive(l.File, "octet")
 				if err != nil {
+					// pin/tftp reports an ERROR packet as "code: N, message: …".
+					if strings.HasPrefix(err.Error(), "code: ") {
+						refused.Add(1)
+					}
 					errs.add(err)
 					time.Sleep(10 * time.Millisecond)
 					continue
@@ -76,6 +82,7 @@ func tftpLoad(ctx context.Context, l load) (result, error) {
 		Ops:         transfers.Load(),
 		Bytes:       after - before,
 		Errors:      errs.n.Load(),
+		Refused:     refused.Load(),
 		ErrorSample: errs.sample(),
 		AllOps:      all.Load(),
 		AllBytes:    got.Load(),
