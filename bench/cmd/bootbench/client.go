@@ -54,7 +54,10 @@ type result struct {
 	Errors int64 `json:"errors"`
 	// Refused counts TFTP requests the server answered with an ERROR packet
 	// ("server busy" and the like): firmware aborts its boot on one.
-	Refused     int64  `json:"refused"`
+	Refused int64 `json:"refused"`
+	// Requests counts the TFTP read requests the clients made (each RRQ with
+	// its retransmissions), over the whole run.
+	Requests    int64  `json:"requests,omitempty"`
 	ErrorSample string `json:"error_sample,omitempty"`
 
 	// AllOps and AllBytes count the whole client run, warm-up and the transfers

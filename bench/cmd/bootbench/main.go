@@ -157,7 +157,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	var o options
 	only := fs.String("only", "dhcp,tftp,http", "the protocols to measure")
 	fs.DurationVar(&o.warmup, "warmup", 500*time.Millisecond, "load before each measured window, not counted")
-	fs.DurationVar(&o.duration, "duration", 3*time.Second, "length of each measured window")
+	fs.DurationVar(&o.duration, "duration", 2*time.Second, "length of each measured window")
 	fs.DurationVar(&o.timeout, "timeout", 30*time.Minute, "the whole run's limit")
 	fs.IntVar(&o.runs, "runs", 3, "measurements per server and case; the table shows their median")
 	fs.StringVar(&o.out, "out", "bench/results", "directory for boot-<date>.txt; empty writes none")

@@ -155,6 +155,7 @@ type stat struct {
 	p50, p99         float64 // DHCP: median of the runs' p50 and p99, ms
 	retries, errors  int64
 	refused          int64 // TFTP ERROR packets, summed over the runs
+	requests         int64 // TFTP read requests, summed over the runs
 	unusable         int64
 	sample           string
 	n                int
@@ -172,6 +173,7 @@ func summarize(rs []result, metric func(result) float64) stat {
 		vals[i], p50s[i], p99s[i] = metric(r), r.P50, r.P99
 		s.retries += r.Retries
 		s.refused += r.Refused
+		s.requests += r.Requests
 		s.errors += r.Errors
 		s.unusable += r.Unusable
 		if s.sample == "" {
@@ -278,7 +280,7 @@ func writeSection(w io.Writer, section, bcd string, l *lab, cases []benchCase, r
 		fmt.Fprintf(w, "proxyDHCP: PXE clients answered per second, each waiting for its answer; p50 and p99 latency in ms\n")
 		metric, head = result.Rate, []string{"client", "exchange", "in flight"}
 	case sectionTFTP:
-		fmt.Fprintf(w, "TFTP: a 1 MiB file (pin/tftp/v3 client, tsize), MiB/s received by all clients together; refused: ERROR packets\n")
+		fmt.Fprintf(w, "TFTP: a 1 MiB file (pin/tftp/v3 client, tsize), MiB/s received by all clients together;\n  refused: requests answered with an ERROR packet / requests made, over all runs (firmware aborts its boot on one)\n")
 		metric, unit, head = result.MiBps, "%.1f", []string{"blksize", "clients"}
 	case sectionHTTP:
 		fmt.Fprintf(w, "HTTP: each client fetches the kernel (%s) then a 30 MiB initrd, again and again; MiB/s received by all\n", l.kernel)
@@ -312,7 +314,7 @@ func writeSection(w io.Writer, section, bcd string, l *lab, cases []benchCase, r
 			case sectionDHCP:
 				row = append(row, fmt.Sprintf("%.2f", st.p50), fmt.Sprintf("%.2f", st.p99))
 			case sectionTFTP:
-				row = append(row, fmt.Sprint(st.refused))
+				row = append(row, fmt.Sprintf("%d/%d", st.refused, st.requests))
 			}
 			if (s == bcd || bcd == serverSite) && (st.errors > 0 || st.retries > 0 || st.unusable > 0) {
 				notes = append(notes, fmt.Sprintf("%s %s, %s: %d retries, %d unusable answers, %d refused, %d errors %s",
