@@ -303,6 +303,8 @@ func (l *lab) startDnsmasq(ctx context.Context, path string) error {
 		"no-hosts",
 		"dhcp-range=" + subnet.String() + ",proxy",
 		`pxe-service=x86PC,"PXE",undionly.kpxe`,
+		// OVMF and other x86-64 UEFI clients (option 93 = 7) chain-load iPXE EFI.
+		`pxe-service=X86-64_EFI,"PXE",ipxe.efi`,
 		"dhcp-boot=undionly.kpxe",
 		"dhcp-leasefile=" + filepath.Join(d, "leases"),
 		"enable-tftp",

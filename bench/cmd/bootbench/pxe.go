@@ -25,6 +25,7 @@ const (
 	optMsgType = 53
 	optVendor  = 43 // PXE vendor options
 	optFile    = 67
+	optClassID = 60
 
 	pxeBootMenu = 9  // vendor sub-option: boot menu items (type, description)
 	pxeBootItem = 71 // vendor sub-option: the item a 4011 request asks for
@@ -111,7 +112,10 @@ type pxeReply struct {
 	item [4]byte
 	// usable: the reply names a boot server (siaddr) and a file (the file field
 	// or option 67), or offers a boot menu whose item the ROM asks a boot server
-	// for on port 4011 (dnsmasq's way). Firmware ignores anything else.
+	// for on port 4011 (dnsmasq's way for BIOS), or is a PXEClient offer (option
+	// 60) naming a boot server without a file, which the ROM then asks on 4011
+	// (dnsmasq's way for UEFI, which has no menus; see ../shared/captures).
+	// Firmware ignores anything else.
 	usable bool
 }
 
@@ -127,7 +131,7 @@ func parsePXEReply(b []byte) (r pxeReply, ok bool) {
 	r.xid = binary.BigEndian.Uint32(b[4:8])
 	siaddr := [4]byte(b[20:24]) != [4]byte{}
 	file := b[108] != 0
-	menu := false
+	menu, pxeClient := false, false
 	opts := b[bootpLen+4:]
 	for len(opts) > 0 {
 		code := opts[0]
@@ -150,11 +154,13 @@ func parsePXEReply(b []byte) (r pxeReply, ok bool) {
 			}
 		case optFile:
 			file = file || len(val) > 0
+		case optClassID:
+			pxeClient = string(val) == "PXEClient"
 		case optVendor:
 			r.item, menu = firstMenuItem(val)
 		}
 	}
-	r.usable = siaddr && file || menu
+	r.usable = siaddr && (file || pxeClient) || menu
 	return r, r.msg != 0
 }
 

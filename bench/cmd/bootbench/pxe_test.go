@@ -147,3 +147,24 @@ func FuzzParsePXEReply(f *testing.F) {
 		firstMenuItem(b)
 	})
 }
+
+// TestUEFIOfferWithoutFileIsUsable: dnsmasq answers an EFI client with a
+// PXEClient offer naming the boot server and no file, and the firmware then asks
+// that server on 4011 (../shared/captures/pxe-bios-ipxe-uefi-ovmf-and-ipxe.pcap).
+func TestUEFIOfferWithoutFileIsUsable(t *testing.T) {
+	b := make([]byte, bootpLen)
+	b[0] = opBootReply
+	copy(b[20:24], []byte{10, 99, 0, 1})
+	b = append(b, magicCookie...)
+	b = append(b, optMsgType, 1, msgOffer, optClassID, 9)
+	b = append(b, "PXEClient"...)
+	b = append(b, optEnd)
+	r, ok := parsePXEReply(b)
+	if !ok || !r.usable {
+		t.Errorf("PXEClient offer with siaddr: ok %v, usable %v", ok, r.usable)
+	}
+	b[20] = 0 // no boot server: nothing to ask
+	if r, _ := parsePXEReply(b); r.usable {
+		t.Error("an offer without siaddr is usable")
+	}
+}
