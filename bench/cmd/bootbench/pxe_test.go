@@ -163,7 +163,7 @@ func TestUEFIOfferWithoutFileIsUsable(t *testing.T) {
 	if !ok || !r.usable {
 		t.Errorf("PXEClient offer with siaddr: ok %v, usable %v", ok, r.usable)
 	}
-	b[20] = 0 // no boot server: nothing to ask
+	copy(b[20:24], []byte{0, 0, 0, 0}) // no boot server: nothing to ask
 	if r, _ := parsePXEReply(b); r.usable {
 		t.Error("an offer without siaddr is usable")
 	}
