@@ -116,7 +116,12 @@ func describeMachine(p peerPaths) machine {
 	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
 		m.kernel = strings.TrimSpace(string(b))
 	}
-	m.peers = append(m.peers, "bcd: this tree, "+runtime.Version())
+	// The commit measured: results are compared across branches (before/after).
+	rev := firstLine(exec.Command("git", "log", "-1", "--format=%h %s"))
+	if st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(bytes.TrimSpace(st)) > 0 {
+		rev += " (with uncommitted changes)"
+	}
+	m.peers = append(m.peers, "bcd: this tree at "+rev+", "+runtime.Version())
 	if p.dnsmasq != "" {
 		m.peers = append(m.peers, firstLine(exec.Command(p.dnsmasq, "--version")))
 	}
