@@ -84,3 +84,16 @@ func TestSimFew(t *testing.T) {
 		}
 	}
 }
+
+// TestSim200 is the boot storm in make test: 200 machines, half BIOS and half
+// UEFI, deployed at once through one site agent and one serve; every one must end
+// provisioned with a complete timeline and a node session. About a minute here.
+func TestSim200(t *testing.T) {
+	l := newLab(t, 200)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	start := time.Now()
+	r, err := l.Run(ctx, Options{Machines: 200, Timeout: 5 * time.Minute})
+	check(t, l, r, err)
+	t.Logf("200 machines provisioned in %s (run %s)", r.Provision.Round(time.Millisecond), time.Since(start).Round(time.Second))
+}
