@@ -97,3 +97,21 @@ func TestSim200(t *testing.T) {
 	check(t, l, r, err)
 	t.Logf("200 machines provisioned in %s (run %s)", r.Provision.Round(time.Millisecond), time.Since(start).Round(time.Second))
 }
+
+// TestSimFaults restarts serve and then the site agent while 40 machines boot:
+// every machine must still end provisioned, or failed with a reason; none stuck.
+func TestSimFaults(t *testing.T) {
+	l := newLab(t, 40)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	r, err := l.Run(ctx, Options{Machines: 40, Timeout: 6 * time.Minute, Faults: []sim.Fault{
+		{Name: "restart better-compute serve", After: 2 * time.Second, Do: l.RestartServe},
+		{Name: "restart bcd site", After: 6 * time.Second, Do: l.RestartSite},
+	}})
+	if r == nil {
+		t.Fatalf("sim run: %v\n%s", err, l.Diagnostics())
+	}
+	if !r.Settled() {
+		t.Fatalf("not every machine settled (provisioned, or failed with a reason): %v\n%s", err, l.Diagnostics())
+	}
+}
