@@ -52,6 +52,9 @@ type Config struct {
 	// UEFIShare is the fraction of machines that boot UEFI (the rest BIOS);
 	// default 0.5.
 	UEFIShare float64
+	// KernelBoot is how long the ramdisk's kernel takes to boot, after the initrd
+	// is loaded and before bcd ramdisk joins (±25 %; default 1.5 s; negative: none).
+	KernelBoot time.Duration
 	// SparseDisks writes each image to a sparse file; otherwise it is only hashed.
 	SparseDisks bool
 	// Timeout bounds the whole run, from the first deploy (default 20 minutes).
@@ -228,6 +231,9 @@ func (c *Config) check() error {
 	}
 	if c.Timeout == 0 {
 		c.Timeout = 20 * time.Minute
+	}
+	if c.KernelBoot == 0 {
+		c.KernelBoot = 1500 * time.Millisecond
 	}
 	if c.Parallel <= 0 {
 		c.Parallel = 16
