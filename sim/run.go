@@ -492,9 +492,12 @@ func (f *fleet) register(ctx context.Context) error {
 		err := f.op.addMachine(ctx, in)
 		var ae *APIError
 		if errors.As(err, &ae) && ae.Status == http.StatusConflict {
-			// Left by an earlier run: a machine of a run is new.
-			if err := f.op.deleteMachine(ctx, m.name); err != nil {
-				return fmt.Errorf("bcd sim: machine %s exists and does not delete: %w", m.name, err)
+			// Left by an earlier run, by this name or (another --name) with this
+			// MAC: a machine of a run is new.
+			for _, ref := range []string{m.name, m.mac.String()} {
+				if err := f.op.deleteMachine(ctx, ref); err != nil && !(errors.As(err, &ae) && ae.Status == http.StatusNotFound) {
+					return fmt.Errorf("bcd sim: machine %s exists and does not delete: %w", ref, err)
+				}
 			}
 			err = f.op.addMachine(ctx, in)
 		}

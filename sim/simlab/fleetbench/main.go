@@ -1,8 +1,7 @@
 // Command fleetbench is make bench-fleet: a boot storm of N machines (default
 // 1,000) played by bcd sim against one real bcd site and one real better-compute
 // serve (simlab), optionally with faults (serve and the site agent restarted during
-// the run), and a node-session soak (-sessions: that many node sessions held on one
-// serve). It prints the results and writes them to -out.
+// the run). It prints the results and writes them to -out.
 package main
 
 import (
@@ -98,7 +97,13 @@ func run(ctx context.Context, bin string, n int, faults bool, out, dir string, t
 		say("## faults: %d machines, serve restarted at +20 s and the site agent at +50 s (wall %s)\n", n, time.Since(start).Round(time.Second))
 		if r != nil {
 			say("%s", r)
-			say("settled (every machine provisioned or failed with a reason, none stuck): %v\n\n", r.Settled())
+			say("settled (every machine provisioned or failed with a reason, none stuck): %v\n", r.Settled())
+			if len(r.Faults) < len(fs) {
+				// The storm settled before a fault's time: it tested nothing.
+				say("only %d of the %d faults happened during the run\n", len(r.Faults), len(fs))
+				failed = true
+			}
+			say("\n")
 			if !r.Settled() {
 				failed = true
 			}
