@@ -33,6 +33,15 @@ const (
 	// network is brought up again (a lease on the wrong NIC, a switch port that
 	// came up late).
 	DefaultNetworkRetry = 2 * time.Minute
+	// DefaultNonceWait is how long a join refused NONCE_UNKNOWN is asked again
+	// when the control plane did not mark the refusal retryable: the site agent
+	// reports the nonce as it serves the iPXE script, and on a fast network (or
+	// a busy site and control plane) the ramdisk's join can overtake that
+	// report. Once the wait is over the refusal is final: a nonce no site agent
+	// reported in two minutes will not be, and a new PXE boot mints another.
+	// (serve marks NONCE_UNKNOWN retryable, and the join client asks again for
+	// up to joinGiveUp; this is for a control plane or a path that does not.)
+	DefaultNonceWait = 2 * time.Minute
 	// joinGiveUp is the join client's own patience; the agent starts it again
 	// after, since a ramdisk has nothing better to do than keep trying.
 	joinGiveUp = 15 * time.Minute
@@ -101,6 +110,8 @@ type Agent struct {
 	// MaxDeferral tune the join (zero: defaults).
 	Backoff, JoinBackoff agent.Backoff
 	MaxDeferral          time.Duration
+	// NonceWait: see DefaultNonceWait.
+	NonceWait time.Duration
 	// PingInterval and PingTimeout tune the session (zero: defaults).
 	PingInterval, PingTimeout time.Duration
 
@@ -353,6 +364,12 @@ func (a *Agent) identity(ctx context.Context, claims protocol.Claims) (*agent.Id
 		Site:      a.Params.Site,
 		Claims:    claims,
 	}
+	nonceWait := a.NonceWait
+	if nonceWait <= 0 {
+		nonceWait = DefaultNonceWait
+	}
+	var nonceUnknownSince time.Time
+	nonceUnknown := 0
 	a.log.Info("joining through the discovery attestor", "gateway", a.Params.GatewayURL, "macs", claims.MACs)
 	for {
 		var key *agent.NodeKey
@@ -367,7 +384,26 @@ func (a *Agent) identity(ctx context.Context, claims protocol.Claims) (*agent.Id
 			return id, nil
 		case ctx.Err() != nil:
 			return nil, ctx.Err()
+		case errors.As(err, &refused) && refused.Response.Code == protocol.CodeNonceUnknown &&
+			(nonceUnknownSince.IsZero() || time.Since(nonceUnknownSince) < nonceWait):
+			// The race of a fast boot: the join got to the control plane before
+			// the site agent's boot.nonce event did. Not final yet.
+			if nonceUnknownSince.IsZero() {
+				nonceUnknownSince = time.Now()
+			}
+			d := a.JoinBackoff.Delay(nonceUnknown)
+			nonceUnknown++
+			a.log.Warn("the control plane does not know this boot's nonce yet: the site agent's report of it may still be on its way; asking again",
+				"code", refused.Response.Code, "retry_in", d.Round(time.Millisecond).String(),
+				"waiting", time.Since(nonceUnknownSince).Round(time.Second).String(), "gives_up_after", nonceWait.String())
+			if !agent.Sleep(ctx, d) {
+				return nil, ctx.Err()
+			}
+			continue
 		case errors.As(err, &refused):
+			if refused.Response.Code == protocol.CodeNonceUnknown {
+				err = fmt.Errorf("%w (still unknown after %s)", err, time.Since(nonceUnknownSince).Round(time.Second))
+			}
 			a.log.Error("the control plane refused this machine's join; it needs a new PXE boot (a fresh boot nonce) or an operator",
 				"code", refused.Response.Code, "message", refused.Response.Message)
 			return nil, fmt.Errorf("bcd ramdisk: %w", err)

@@ -802,3 +802,49 @@ func TestEventDataFlattensAttributes(t *testing.T) {
 		t.Fatalf("an info line reached a warn console: %s", console.String())
 	}
 }
+
+// A join that overtakes the site's boot.nonce event is refused NONCE_UNKNOWN
+// (retryable, as serve marks it): the ramdisk asks again and joins.
+func TestNonceUnknownIsAskedAgain(t *testing.T) {
+	g := newGateway(t)
+	g.NonceUnknown = 3
+	h := newHarness(t, g, nil)
+	h.session(t)
+	if n := len(g.Joins()); n != 4 {
+		t.Fatalf("%d join requests, want 4 (3 refused NONCE_UNKNOWN, then the join)", n)
+	}
+}
+
+// The same race with a control plane that does not mark NONCE_UNKNOWN
+// retryable: the ramdisk still asks again, saying why on the console, and joins.
+func TestNonceUnknownUnflaggedIsAskedAgain(t *testing.T) {
+	g := newGateway(t)
+	g.NonceUnknown, g.NonceUnknownUnflagged = 3, true
+	h := newHarness(t, g, nil)
+	h.session(t)
+	if n := len(g.Joins()); n != 4 {
+		t.Fatalf("%d join requests, want 4 (3 refused NONCE_UNKNOWN, then the join)", n)
+	}
+	if c := h.console.String(); strings.Count(c, "does not know this boot's nonce yet") != 3 {
+		t.Fatalf("the console does not say three times why the join is asked again:\n%s", c)
+	}
+}
+
+// A nonce that stays unknown is asked again only for NonceWait: then the
+// refusal is final and the agent ends, saying how long it waited.
+func TestNonceUnknownForTooLongEndsTheAgent(t *testing.T) {
+	g := newGateway(t)
+	g.NonceUnknown, g.NonceUnknownUnflagged = 1<<30, true
+	start := time.Now()
+	h := newHarness(t, g, func(a *Agent) { a.NonceWait = 300 * time.Millisecond })
+	err := h.wait(t)
+	if err == nil || !strings.Contains(err.Error(), protocol.CodeNonceUnknown) || !strings.Contains(err.Error(), "still unknown after") {
+		t.Fatalf("Run: %v", err)
+	}
+	if d := time.Since(start); d < 300*time.Millisecond || d > 10*time.Second {
+		t.Fatalf("the agent ended after %s, want just after NonceWait (300ms)", d)
+	}
+	if n := len(g.Joins()); n < 2 {
+		t.Fatalf("%d join requests: the refusal was not asked again", n)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	mrand "math/rand/v2"
 	"net"
 	"net/http"
 	"net/netip"
@@ -122,7 +123,19 @@ func (m *machine) boot(ctx context.Context, pxe bool) error {
 	if !pxe {
 		return m.installedOS(ctx)
 	}
-	p, err := m.firmware(ctx)
+	// Firmware set to retry its boot sequence (a common BIOS setting) starts the
+	// network boot again after a failed one, a few times, before it gives up.
+	var p *ramdisk.Params
+	var err error
+	for try := 0; ; try++ {
+		if p, err = m.firmware(ctx); err == nil || ctx.Err() != nil || try == bootRetries {
+			break
+		}
+		m.fail(fmt.Errorf("network boot %d of %d: %w", try+1, bootRetries+1, err))
+		if !agent.Sleep(ctx, bootRetryDelay) {
+			return ctx.Err()
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -135,6 +148,12 @@ func (m *machine) boot(ctx context.Context, pxe bool) error {
 	}
 	return m.installedOS(ctx)
 }
+
+// bootRetries and bootRetryDelay are the firmware's boot sequence retry.
+const (
+	bootRetries    = 5
+	bootRetryDelay = 5 * time.Second
+)
 
 // maxScriptRetries bounds how often the machine fetches a script that says "no
 // boot entry yet, retrying" (iPXE would loop for ever; the lifecycle resets it).
@@ -212,6 +231,14 @@ func (m *machine) loadRamdisk(ctx context.Context, kernel, args, initrd string) 
 	p, err := ramdisk.ParseParams(args, false)
 	if err != nil {
 		return nil, fmt.Errorf("the iPXE script's kernel command line: %w", err)
+	}
+	// The kernel and the initramfs boot before bcd ramdisk starts: seconds on real
+	// hardware, during which the site's report of the nonce reaches the control plane.
+	if d := m.f.cfg.KernelBoot; d > 0 {
+		jitter := time.Duration(mrand.Int64N(int64(d)/2 + 1))
+		if !agent.Sleep(ctx, d-d/4+jitter) {
+			return nil, ctx.Err()
+		}
 	}
 	return &p, nil
 }

@@ -52,6 +52,9 @@ type Config struct {
 	// UEFIShare is the fraction of machines that boot UEFI (the rest BIOS);
 	// default 0.5.
 	UEFIShare float64
+	// KernelBoot is how long the ramdisk's kernel takes to boot, after the initrd
+	// is loaded and before bcd ramdisk joins (±25 %; default 1.5 s; negative: none).
+	KernelBoot time.Duration
 	// SparseDisks writes each image to a sparse file; otherwise it is only hashed.
 	SparseDisks bool
 	// Timeout bounds the whole run, from the first deploy (default 20 minutes).
@@ -228,6 +231,9 @@ func (c *Config) check() error {
 	}
 	if c.Timeout == 0 {
 		c.Timeout = 20 * time.Minute
+	}
+	if c.KernelBoot == 0 {
+		c.KernelBoot = 1500 * time.Millisecond
 	}
 	if c.Parallel <= 0 {
 		c.Parallel = 16
@@ -486,9 +492,12 @@ func (f *fleet) register(ctx context.Context) error {
 		err := f.op.addMachine(ctx, in)
 		var ae *APIError
 		if errors.As(err, &ae) && ae.Status == http.StatusConflict {
-			// Left by an earlier run: a machine of a run is new.
-			if err := f.op.deleteMachine(ctx, m.name); err != nil {
-				return fmt.Errorf("bcd sim: machine %s exists and does not delete: %w", m.name, err)
+			// Left by an earlier run, by this name or (another --name) with this
+			// MAC: a machine of a run is new.
+			for _, ref := range []string{m.name, m.mac.String()} {
+				if err := f.op.deleteMachine(ctx, ref); err != nil && !(errors.As(err, &ae) && ae.Status == http.StatusNotFound) {
+					return fmt.Errorf("bcd sim: machine %s exists and does not delete: %w", ref, err)
+				}
 			}
 			err = f.op.addMachine(ctx, in)
 		}

@@ -60,6 +60,11 @@ type Gateway struct {
 	Defer int
 	// Unavailable answers that many join requests with 503 UNAVAILABLE first.
 	Unavailable int
+	// NonceUnknown answers that many discovery joins with 401 NONCE_UNKNOWN
+	// first, as serve does while the site's boot.nonce event is on its way;
+	// retryable, as serve marks it, unless NonceUnknownUnflagged.
+	NonceUnknown          int
+	NonceUnknownUnflagged bool
 	// Tamper, if set, may change a join result before it is signed.
 	Tamper func(*protocol.JoinResult)
 	// TamperResponse, if set, may change the whole response after signing.
@@ -236,6 +241,16 @@ func (g *Gateway) discover(w http.ResponseWriter, req protocol.JoinRequest, csr 
 	}
 	if req.SealedToken != "" {
 		refuse(w, 400, protocol.CodeInvalidInput, "a discovery join carries no token", false)
+		return
+	}
+	g.mu.Lock()
+	unknown := g.NonceUnknown > 0
+	if unknown {
+		g.NonceUnknown--
+	}
+	g.mu.Unlock()
+	if unknown {
+		refuse(w, 401, protocol.CodeNonceUnknown, "no site agent reported this boot nonce (yet)", !g.NonceUnknownUnflagged)
 		return
 	}
 	g.mu.Lock()

@@ -122,6 +122,7 @@ reported unsupported).`,
 	f.StringVar(&c.WorkDir, "work-dir", "", "each machine's ramdisk data, simulated root filesystem and disk")
 	f.StringVar(&c.Name, "name", "sim", "machine name prefix: NAME-00000, …")
 	f.Float64Var(&c.UEFIShare, "uefi-share", 0.5, "the fraction of machines booting UEFI (the rest BIOS)")
+	f.DurationVar(&c.KernelBoot, "kernel-boot", 1500*time.Millisecond, "the ramdisk kernel's boot, before bcd ramdisk joins (±25 %; negative: none)")
 	f.BoolVar(&c.SparseDisks, "sparse-disks", false, "write each image to a sparse file in --work-dir (default: hash only)")
 	f.DurationVar(&c.Timeout, "timeout", 20*time.Minute, "the longest the run waits for every machine to settle")
 	f.IntVar(&c.Parallel, "parallel", 16, "api calls in flight while adding and deploying")

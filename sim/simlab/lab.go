@@ -28,6 +28,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/better-compute/bcd/sim"
@@ -370,6 +371,9 @@ func (l *Lab) Run(ctx context.Context, o Options) (*sim.Result, error) {
 	fctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	faultErr := make(chan error, len(o.Faults))
+	var faultMu sync.Mutex
+	var done []string
+	runStart := time.Now()
 	for _, f := range o.Faults {
 		go func() {
 			select {
@@ -379,10 +383,16 @@ func (l *Lab) Run(ctx context.Context, o Options) (*sim.Result, error) {
 			case <-time.After(f.After):
 			}
 			l.logf("fault: %s", f.Name)
+			at := time.Since(runStart)
 			err := f.Do(fctx)
+			msg := fmt.Sprintf("%s at +%s (sim started at +0), took %s", f.Name, at.Round(100*time.Millisecond), (time.Since(runStart) - at).Round(100*time.Millisecond))
 			if err != nil {
 				err = fmt.Errorf("fault %s: %w", f.Name, err)
+				msg += ": " + err.Error()
 			}
+			faultMu.Lock()
+			done = append(done, msg)
+			faultMu.Unlock()
 			faultErr <- err
 		}()
 	}
@@ -407,6 +417,7 @@ func (l *Lab) Run(ctx context.Context, o Options) (*sim.Result, error) {
 	if err := json.Unmarshal(b, &r); err != nil {
 		return nil, fmt.Errorf("simlab: %s: %w", jsonOut, err)
 	}
+	r.Faults = append(r.Faults, done...)
 	var ee *exec.ExitError
 	if errors.As(werr, &ee) && ee.ExitCode() == 1 {
 		return &r, ErrNotOK
