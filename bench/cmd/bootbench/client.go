@@ -20,12 +20,13 @@ type load struct {
 	Duration time.Duration `json:"duration"`
 
 	// DHCP.
-	Iface    string `json:"iface,omitempty"`    // the client's veth towards the server
-	Server   string `json:"server,omitempty"`   // the server's IPv4 address
-	ClientIP string `json:"clientIP,omitempty"` // the address on Iface, the 4011 request's ciaddr
-	Exchange bool   `json:"exchange,omitempty"` // DISCOVER→OFFER then REQUEST→ACK on 4011, not the OFFER alone
-	Inflight int    `json:"inflight,omitempty"`
-	MACs     int    `json:"macs,omitempty"`
+	Iface    string   `json:"iface,omitempty"`    // the client's veth towards the server
+	Server   string   `json:"server,omitempty"`   // the server's IPv4 address
+	ClientIP string   `json:"clientIP,omitempty"` // the address on Iface, the 4011 request's ciaddr
+	Exchange bool     `json:"exchange,omitempty"` // DISCOVER→OFFER then REQUEST→ACK on 4011, not the OFFER alone
+	Inflight int      `json:"inflight,omitempty"`
+	MACs     int      `json:"macs,omitempty"` // benchMAC(0…MACs-1), in turn
+	Firmware firmware `json:"firmware,omitempty"`
 
 	// TFTP: Addr and File, Clients at BlockSize each.
 	Addr      string `json:"addr,omitempty"`
@@ -50,7 +51,13 @@ type result struct {
 	// Unusable counts DHCP answers a PXE ROM would ignore (no siaddr, nothing to boot).
 	Unusable int64 `json:"unusable"`
 	// Errors counts failed TFTP transfers and HTTP requests (ErrorSample is one).
-	Errors      int64  `json:"errors"`
+	Errors int64 `json:"errors"`
+	// Refused counts TFTP requests the server answered with an ERROR packet
+	// ("server busy" and the like): firmware aborts its boot on one.
+	Refused int64 `json:"refused"`
+	// Requests counts the TFTP read requests the clients made (each RRQ with
+	// its retransmissions), over the whole run.
+	Requests    int64  `json:"requests,omitempty"`
 	ErrorSample string `json:"error_sample,omitempty"`
 
 	// AllOps and AllBytes count the whole client run, warm-up and the transfers
@@ -59,8 +66,10 @@ type result struct {
 	AllOps   int64 `json:"all_ops"`
 	AllBytes int64 `json:"all_bytes"`
 	// ServerCPU is the user and system time the server spent during the client
-	// run, filled in by the coordinator.
+	// run, filled in by the coordinator; ServeCPU better-compute serve's, for
+	// bcd site (the events it reports).
 	ServerCPU time.Duration `json:"server_cpu,omitempty"`
+	ServeCPU  time.Duration `json:"serve_cpu,omitempty"`
 }
 
 // CPUPerOp is the server's CPU time per answer or exchange, in µs.
@@ -69,6 +78,14 @@ func (r result) CPUPerOp() float64 {
 		return 0
 	}
 	return float64(r.ServerCPU) / float64(time.Microsecond) / float64(r.AllOps)
+}
+
+// ServePerOp is serve's CPU time per answer or exchange of bcd site, in µs.
+func (r result) ServePerOp() float64 {
+	if r.AllOps == 0 {
+		return 0
+	}
+	return float64(r.ServeCPU) / float64(time.Microsecond) / float64(r.AllOps)
 }
 
 // CPUPerMiB is the server's CPU time per MiB received, in ms.

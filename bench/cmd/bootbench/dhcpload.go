@@ -90,7 +90,7 @@ func dhcpLoad(ctx context.Context, l load) (result, error) {
 				for !w.stopped.Load() {
 					seq++
 					xid := seq<<8 | uint32(slot)
-					pkt = appendPXE(pkt[:0], msg, xid, mac, clientIPFor(msg, clientIP), item)
+					pkt = appendPXE(pkt[:0], msg, xid, mac, clientIPFor(msg, clientIP), item, l.Firmware)
 					if _, err := conn.WriteToUDPAddrPort(pkt, dst); err != nil {
 						// A full socket buffer: try again as a timeout would.
 						time.Sleep(time.Millisecond)

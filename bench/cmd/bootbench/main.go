@@ -39,12 +39,21 @@ type options struct {
 	keep                               bool
 	cpuprofile                         string
 	hold                               bool
+	// The headline mode: the bcd and better-compute binaries, and how many
+	// machines serve registers. library adds the in-process boot servers.
+	bcd, betterCompute string
+	machines           int
+	library            bool
 }
 
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "client" {
 		// The load generator, started by the coordinator inside the client namespace.
 		return runClient(stdin, stdout)
+	}
+	if len(args) > 0 && args[0] == "register" {
+		// The operator's bulk registration, started in the site agent's namespace.
+		return runRegister(stdin, stdout)
 	}
 	o, err := parseFlags(args, stderr)
 	if err != nil {
@@ -76,7 +85,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		defer os.RemoveAll(dir)
 	}
 	env := describeMachine(peers)
-	l, err := newLab(ctx, dir, o.kernel, peers, stderr)
+	shipped := shippedBinaries{bcd: o.bcd, betterCompute: o.betterCompute, machines: o.machines}
+	l, err := newLab(ctx, dir, o.kernel, peers, shipped, o.library, exe, stderr)
 	if err != nil {
 		return err
 	}
@@ -110,11 +120,12 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 			// first (or always runs right after the heaviest one).
 			order := append(slices.Clone(c.servers[r%len(c.servers):]), c.servers[:r%len(c.servers)]...)
 			for _, name := range order {
-				fmt.Fprintf(stderr, "bootbench: %s %s, %s, run %d: %s ... ", c.section, c.row, c.param, r+1, name)
+				what := strings.Join(c.keys, " ")
+				fmt.Fprintf(stderr, "bootbench: %s %s, run %d: %s ... ", c.section, what, r+1, name)
 				got, err := measure(ctx, l, exe, name, c.load(l.targets[name]))
 				if err != nil {
 					fmt.Fprintln(stderr)
-					return fmt.Errorf("%s %s %s against %s: %w", c.section, c.row, c.param, name, err)
+					return fmt.Errorf("%s %s against %s: %w", c.section, what, name, err)
 				}
 				fmt.Fprintln(stderr, got.summary(c.section))
 				res[i][name] = append(res[i][name], got)
@@ -146,7 +157,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	var o options
 	only := fs.String("only", "dhcp,tftp,http", "the protocols to measure")
 	fs.DurationVar(&o.warmup, "warmup", 500*time.Millisecond, "load before each measured window, not counted")
-	fs.DurationVar(&o.duration, "duration", 3*time.Second, "length of each measured window")
+	fs.DurationVar(&o.duration, "duration", 2*time.Second, "length of each measured window")
 	fs.DurationVar(&o.timeout, "timeout", 30*time.Minute, "the whole run's limit")
 	fs.IntVar(&o.runs, "runs", 3, "measurements per server and case; the table shows their median")
 	fs.StringVar(&o.out, "out", "bench/results", "directory for boot-<date>.txt; empty writes none")
@@ -158,12 +169,16 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.inTFTPD, "in-tftpd", "", "tftp-hpa's in.tftpd; empty looks on PATH, then in .cache/tftpd-hpa (bench/run.sh puts it there)")
 	peers := fs.String("peers", "dnsmasq,tftp-hpa,nginx", "the peers to run beside bcd")
 	inflight := fs.String("inflight", "1,16,64", "proxyDHCP requests in flight")
-	tftpClients := fs.String("tftp-clients", "1,16,64", "concurrent TFTP clients")
+	tftpClients := fs.String("tftp-clients", "1,16,64,256", "concurrent TFTP clients")
 	blksizes := fs.String("blksizes", "512,1468", "TFTP block sizes")
 	httpClients := fs.String("http-clients", "1,64,256", "concurrent HTTP clients")
 	fs.BoolVar(&o.keep, "keep", false, "keep the files, configurations and peer logs")
 	fs.BoolVar(&o.hold, "hold", false, "start the servers, print where they are, and wait for ^C instead of measuring")
-	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of bcd's servers (this process) to this file")
+	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of bcd's library servers (this process) to this file")
+	fs.StringVar(&o.bcd, "bcd", "", "the bcd binary to run as `bcd site` (the headline); empty measures the library only")
+	fs.StringVar(&o.betterCompute, "better-compute", "", "the better-compute binary whose serve the site joins (with -bcd)")
+	fs.IntVar(&o.machines, "machines", 1000, "machines registered with boot ramdisk, whose MACs the clients use (with -bcd)")
+	fs.BoolVar(&o.library, "library", true, "also measure bcd's boot library in this process (the second table)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -192,7 +207,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		max  int
 	}{
 		{"inflight", *inflight, &o.inflight, 255},
-		{"tftp-clients", *tftpClients, &o.tftpClients, 100},
+		{"tftp-clients", *tftpClients, &o.tftpClients, tftpMax},
 		{"blksizes", *blksizes, &o.blksizes, 1468},
 		{"http-clients", *httpClients, &o.httpClients, 4096},
 	} {
@@ -202,6 +217,26 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 				return o, fmt.Errorf("-%s: %q is not a number from 1 to %d", f.name, s, f.max)
 			}
 			*f.dst = append(*f.dst, n)
+		}
+	}
+	if (o.bcd == "") != (o.betterCompute == "") {
+		return o, errors.New("-bcd and -better-compute go together: bcd site joins that better-compute's serve")
+	}
+	if o.bcd == "" && !o.library {
+		return o, errors.New("nothing of bcd's to measure: give -bcd and -better-compute, or leave -library on")
+	}
+	if o.bcd != "" {
+		for _, p := range []*string{&o.bcd, &o.betterCompute} {
+			abs, err := filepath.Abs(*p)
+			if err == nil {
+				*p = abs
+			}
+			if fi, err := os.Stat(*p); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
+				return o, fmt.Errorf("%s is not an executable (bench/run.sh builds bcd and better-compute into .cache/bench)", *p)
+			}
+		}
+		if o.machines < 1 || o.machines > 65536 {
+			return o, fmt.Errorf("-machines %d: want 1 to 65536", o.machines)
 		}
 	}
 	for _, b := range o.blksizes {
@@ -275,6 +310,12 @@ func measure(ctx context.Context, l *lab, exe, server string, ld load) (result, 
 	if err != nil {
 		return result{}, fmt.Errorf("CPU time of %s: %w", server, err)
 	}
+	var serveBefore time.Duration
+	if server == serverSite {
+		if serveBefore, err = l.serverCPU(serverServe); err != nil {
+			return result{}, fmt.Errorf("CPU time of serve: %w", err)
+		}
+	}
 	cmd := l.client.Command(exe, "client")
 	cmd.Stdin = bytes.NewReader(spec)
 	var out, errOut bytes.Buffer
@@ -312,6 +353,13 @@ func measure(ctx context.Context, l *lab, exe, server string, ld load) (result, 
 		return result{}, fmt.Errorf("client output %q: %w", out.String(), err)
 	}
 	r.ServerCPU = cpuAfter - cpuBefore
+	if server == serverSite {
+		serveAfter, err := l.serverCPU(serverServe)
+		if err != nil {
+			return result{}, fmt.Errorf("CPU time of serve: %w", err)
+		}
+		r.ServeCPU = serveAfter - serveBefore
+	}
 	if r.Seconds <= 0 {
 		return result{}, errors.New("client measured an empty window")
 	}
@@ -323,7 +371,7 @@ func (r result) summary(section string) string {
 	s := ""
 	switch section {
 	case sectionDHCP:
-		s = fmt.Sprintf("%.0f/s, p99 %.2f ms, server CPU %.1f µs each", r.Rate(), r.P99, r.CPUPerOp())
+		s = fmt.Sprintf("%.0f/s, p50 %.2f ms, p99 %.2f ms, server CPU %.1f µs each", r.Rate(), r.P50, r.P99, r.CPUPerOp())
 	default:
 		s = fmt.Sprintf("%.1f MiB/s, server CPU %.1f ms/MiB", r.MiBps(), r.CPUPerMiB())
 	}
@@ -332,6 +380,9 @@ func (r result) summary(section string) string {
 	}
 	if r.Unusable > 0 {
 		s += fmt.Sprintf(", %d unusable answers", r.Unusable)
+	}
+	if r.Refused > 0 {
+		s += fmt.Sprintf(", %d refused", r.Refused)
 	}
 	if r.Errors > 0 {
 		s += fmt.Sprintf(", %d errors (%s)", r.Errors, r.ErrorSample)

@@ -16,6 +16,13 @@ import (
 // TestMain lets the test binary be the client process the coordinator starts
 // (os.Executable is the test binary under go test).
 func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == "register" {
+		if err := runRegister(os.Stdin, os.Stdout); err != nil {
+			os.Stderr.WriteString(err.Error() + "\n")
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if len(os.Args) > 1 && os.Args[1] == "client" {
 		if err := runClient(os.Stdin, os.Stdout); err != nil {
 			os.Stderr.WriteString(err.Error() + "\n")
@@ -43,7 +50,7 @@ func TestRunSmoke(t *testing.T) {
 		t.Fatalf("run: %v\n%s", err, stderr.String())
 	}
 	out := stdout.String()
-	for _, want := range []string{"proxyDHCP:", "DISCOVER→OFFER", "+ REQUEST→ACK (4011)", "TFTP:", "HTTP:", "bcd/dnsmasq", "µs of server CPU per answer", "ms of server CPU per MiB"} {
+	for _, want := range []string{"proxyDHCP:", "DISCOVER→OFFER", "+ REQUEST→ACK (4011)", "TFTP:", "HTTP:", "bcd-lib/dnsmasq", "µs of server CPU per answer", "ms of server CPU per MiB"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("report lacks %q:\n%s", want, out)
 		}

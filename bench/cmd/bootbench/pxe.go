@@ -25,6 +25,7 @@ const (
 	optMsgType = 53
 	optVendor  = 43 // PXE vendor options
 	optFile    = 67
+	optClassID = 60
 
 	pxeBootMenu = 9  // vendor sub-option: boot menu items (type, description)
 	pxeBootItem = 71 // vendor sub-option: the item a 4011 request asks for
@@ -33,6 +34,23 @@ const (
 // pxeClass is option 60 of a BIOS PXE ROM (arch 0, UNDI 2.1), the client both
 // dnsmasq's pxe-service=x86PC and bcd answer with undionly.kpxe.
 const pxeClass = "PXEClient:Arch:00000:UNDI:002001"
+
+// firmware is what a PXE client says of itself: option 60, option 93 and
+// option 94, as ../shared/captures/pxe-bios-ipxe-uefi-ovmf-and-ipxe.pcap has
+// them. Neither sends a user class: that is iPXE's, on the second round.
+type firmware struct {
+	Name  string  `json:"name"`
+	Class string  `json:"class"`
+	Arch  uint16  `json:"arch"`
+	UNDI  [3]byte `json:"undi"`
+}
+
+var (
+	// fwBIOS is a BIOS PXE ROM (SeaBIOS with QEMU's iPXE ROM says the same).
+	fwBIOS = firmware{Name: "BIOS", Class: pxeClass, Arch: 0, UNDI: [3]byte{1, 2, 1}}
+	// fwUEFI is OVMF's own EDK2 PXE: arch 7 (x86-64 UEFI), UNDI 3.0.
+	fwUEFI = firmware{Name: "UEFI", Class: "PXEClient:Arch:00007:UNDI:003000", Arch: 7, UNDI: [3]byte{1, 3, 0}}
+)
 
 var magicCookie = []byte{99, 130, 83, 99}
 
@@ -48,7 +66,10 @@ func benchMAC(i int) [6]byte {
 // appendPXE appends a PXE client's DISCOVER (msg msgDiscover, broadcast flag set,
 // no address) or its follow-up REQUEST to port 4011 (msg msgRequest, from ciaddr,
 // asking for item when it is non-zero) to b.
-func appendPXE(b []byte, msg byte, xid uint32, mac [6]byte, ciaddr netip.Addr, item [4]byte) []byte {
+func appendPXE(b []byte, msg byte, xid uint32, mac [6]byte, ciaddr netip.Addr, item [4]byte, fw firmware) []byte {
+	if fw.Class == "" {
+		fw = fwBIOS
+	}
 	start := len(b)
 	var h [bootpLen]byte
 	h[0], h[1], h[2] = opBootRequest, 1, 6 // Ethernet, 6-byte address
@@ -67,10 +88,10 @@ func appendPXE(b []byte, msg byte, xid uint32, mac [6]byte, ciaddr netip.Addr, i
 	b = append(b, 57, 2, 0x05, 0xc0) // maximum message size 1472
 	b = append(b, 55, byte(len(paramRequest)))
 	b = append(b, paramRequest...)
-	b = append(b, 60, byte(len(pxeClass)))
-	b = append(b, pxeClass...)
-	b = append(b, 93, 2, 0, 0)    // client architecture: x86 BIOS
-	b = append(b, 94, 3, 1, 2, 1) // UNDI 2.1
+	b = append(b, 60, byte(len(fw.Class)))
+	b = append(b, fw.Class...)
+	b = append(b, 93, 2, byte(fw.Arch>>8), byte(fw.Arch)) // client architecture
+	b = append(b, 94, 3, fw.UNDI[0], fw.UNDI[1], fw.UNDI[2])
 	// Option 97, the SMBIOS UUID, derived from the MAC as a machine's would be its own.
 	b = append(b, 97, 17, 0, 0x4c, 0x4c, 0x45, 0x44, 0, 0x10, 0x80, 0x30, 0xb2, 0x37)
 	b = append(b, mac[:]...)
@@ -91,7 +112,10 @@ type pxeReply struct {
 	item [4]byte
 	// usable: the reply names a boot server (siaddr) and a file (the file field
 	// or option 67), or offers a boot menu whose item the ROM asks a boot server
-	// for on port 4011 (dnsmasq's way). Firmware ignores anything else.
+	// for on port 4011 (dnsmasq's way for BIOS), or is a PXEClient offer (option
+	// 60) naming a boot server without a file, which the ROM then asks on 4011
+	// (dnsmasq's way for UEFI, which has no menus; see ../shared/captures).
+	// Firmware ignores anything else.
 	usable bool
 }
 
@@ -107,7 +131,7 @@ func parsePXEReply(b []byte) (r pxeReply, ok bool) {
 	r.xid = binary.BigEndian.Uint32(b[4:8])
 	siaddr := [4]byte(b[20:24]) != [4]byte{}
 	file := b[108] != 0
-	menu := false
+	menu, pxeClient := false, false
 	opts := b[bootpLen+4:]
 	for len(opts) > 0 {
 		code := opts[0]
@@ -130,11 +154,13 @@ func parsePXEReply(b []byte) (r pxeReply, ok bool) {
 			}
 		case optFile:
 			file = file || len(val) > 0
+		case optClassID:
+			pxeClient = string(val) == "PXEClient"
 		case optVendor:
 			r.item, menu = firstMenuItem(val)
 		}
 	}
-	r.usable = siaddr && file || menu
+	r.usable = siaddr && (file || pxeClient) || menu
 	return r, r.msg != 0
 }
 

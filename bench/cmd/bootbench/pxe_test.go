@@ -60,11 +60,11 @@ func TestPXEPacketsAgainstProxyDHCP(t *testing.T) {
 		}
 		return r
 	}
-	offer := ask(appendPXE(nil, msgDiscover, 0x1234_5601, mac, netip.Addr{}, [4]byte{}), dhcp)
+	offer := ask(appendPXE(nil, msgDiscover, 0x1234_5601, mac, netip.Addr{}, [4]byte{}, fwBIOS), dhcp)
 	if offer.xid != 0x1234_5601 || offer.msg != msgOffer || !offer.usable {
 		t.Errorf("offer %+v", offer)
 	}
-	ack := ask(appendPXE(nil, msgRequest, 0x1234_5701, mac, netip.MustParseAddr("127.0.0.1"), [4]byte{0x80, 0, 0, 0}), pxe)
+	ack := ask(appendPXE(nil, msgRequest, 0x1234_5701, mac, netip.MustParseAddr("127.0.0.1"), [4]byte{0x80, 0, 0, 0}, fwBIOS), pxe)
 	if ack.xid != 0x1234_5701 || ack.msg != msgAck || !ack.usable || ack.item != [4]byte{0x80, 0, 0, 0} {
 		t.Errorf("ack %+v", ack)
 	}
@@ -76,7 +76,7 @@ func TestPXEPacketsAgainstProxyDHCP(t *testing.T) {
 // TestAppendPXEIsDHCP checks the hand-built packets with a general DHCP codec.
 func TestAppendPXEIsDHCP(t *testing.T) {
 	mac := benchMAC(0x0102)
-	b := appendPXE(nil, msgRequest, 42, mac, netip.MustParseAddr("10.77.1.2"), [4]byte{0x80, 0, 0, 0})
+	b := appendPXE(nil, msgRequest, 42, mac, netip.MustParseAddr("10.77.1.2"), [4]byte{0x80, 0, 0, 0}, fwBIOS)
 	if len(b) < minPacket {
 		t.Errorf("%d bytes, below BOOTP's %d", len(b), minPacket)
 	}
@@ -92,7 +92,7 @@ func TestAppendPXEIsDHCP(t *testing.T) {
 	if got := p.Options.Get(dhcpv4.OptionVendorSpecificInformation); string(got) != "\x47\x04\x80\x00\x00\x00\xff" {
 		t.Errorf("option 43 % x", got)
 	}
-	d, err := dhcpv4.FromBytes(appendPXE(nil, msgDiscover, 43, mac, netip.Addr{}, [4]byte{}))
+	d, err := dhcpv4.FromBytes(appendPXE(nil, msgDiscover, 43, mac, netip.Addr{}, [4]byte{}, fwBIOS))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +137,7 @@ func TestParseDnsmasqOffer(t *testing.T) {
 // FuzzParsePXEReply: the parser reads whatever arrives at port 68.
 func FuzzParsePXEReply(f *testing.F) {
 	f.Add(dnsmasqOffer(f))
-	f.Add(appendPXE(nil, msgDiscover, 1, benchMAC(1), netip.Addr{}, [4]byte{}))
+	f.Add(appendPXE(nil, msgDiscover, 1, benchMAC(1), netip.Addr{}, [4]byte{}, fwBIOS))
 	f.Add([]byte{2})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, ok := parsePXEReply(b)
@@ -146,4 +146,25 @@ func FuzzParsePXEReply(f *testing.F) {
 		}
 		firstMenuItem(b)
 	})
+}
+
+// TestUEFIOfferWithoutFileIsUsable: dnsmasq answers an EFI client with a
+// PXEClient offer naming the boot server and no file, and the firmware then asks
+// that server on 4011 (../shared/captures/pxe-bios-ipxe-uefi-ovmf-and-ipxe.pcap).
+func TestUEFIOfferWithoutFileIsUsable(t *testing.T) {
+	b := make([]byte, bootpLen)
+	b[0] = opBootReply
+	copy(b[20:24], []byte{10, 99, 0, 1})
+	b = append(b, magicCookie...)
+	b = append(b, optMsgType, 1, msgOffer, optClassID, 9)
+	b = append(b, "PXEClient"...)
+	b = append(b, optEnd)
+	r, ok := parsePXEReply(b)
+	if !ok || !r.usable {
+		t.Errorf("PXEClient offer with siaddr: ok %v, usable %v", ok, r.usable)
+	}
+	copy(b[20:24], []byte{0, 0, 0, 0}) // no boot server: nothing to ask
+	if r, _ := parsePXEReply(b); r.usable {
+		t.Error("an offer without siaddr is usable")
+	}
 }

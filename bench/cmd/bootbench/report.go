@@ -22,15 +22,27 @@ const (
 
 // benchCase is one row of the report: one load, measured against each server.
 type benchCase struct {
-	section, row, param string
-	servers             []string // bcd first, then the peers
-	load                func(*target) load
+	section string
+	keys    []string // the row's first columns: what the load is
+	servers []string // bcd's (the site agent, the library), then the peers
+	load    func(*target) load
+}
+
+// bcdServerNames are the bcd servers of this run, the headline first.
+func (l *lab) bcdServerNames() []string {
+	var out []string
+	for _, n := range []string{serverSite, serverLib} {
+		if l.targets[n] != nil {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 // buildCases lists the rows, in the order they run and print.
 func buildCases(o options, l *lab) []benchCase {
 	have := func(names ...string) []string {
-		out := []string{serverBCD}
+		out := l.bcdServerNames()
 		for _, n := range names {
 			if l.targets[n] != nil {
 				out = append(out, n)
@@ -38,21 +50,28 @@ func buildCases(o options, l *lab) []benchCase {
 		}
 		return out
 	}
+	// The shipped site knows the registered machines only; the library its own table.
+	macs := tableMACs
+	if l.targets[serverSite] != nil {
+		macs = o.machines
+	}
 	var cases []benchCase
 	if slices.Contains(o.only, "dhcp") {
-		for _, ex := range []bool{false, true} {
-			row := "DISCOVER→OFFER"
-			if ex {
-				row = "+ REQUEST→ACK (4011)"
-			}
-			for _, n := range o.inflight {
-				cases = append(cases, benchCase{
-					section: sectionDHCP, row: row, param: fmt.Sprint(n), servers: have(serverDnsmasq),
-					load: func(t *target) load {
-						return load{Proto: "dhcp", Warmup: o.warmup, Duration: o.duration, Iface: t.clientIface,
-							Server: t.serverIP.String(), ClientIP: t.clientIP.String(), Exchange: ex, Inflight: n, MACs: tableMACs}
-					},
-				})
+		for _, fw := range []firmware{fwBIOS, fwUEFI} {
+			for _, ex := range []bool{false, true} {
+				row := "DISCOVER→OFFER"
+				if ex {
+					row = "+ REQUEST→ACK (4011)"
+				}
+				for _, n := range o.inflight {
+					cases = append(cases, benchCase{
+						section: sectionDHCP, keys: []string{fw.Name, row, fmt.Sprint(n)}, servers: have(serverDnsmasq),
+						load: func(t *target) load {
+							return load{Proto: "dhcp", Warmup: o.warmup, Duration: o.duration, Iface: t.clientIface,
+								Server: t.serverIP.String(), ClientIP: t.clientIP.String(), Exchange: ex, Inflight: n, MACs: macs, Firmware: fw}
+						},
+					})
+				}
 			}
 		}
 	}
@@ -60,7 +79,7 @@ func buildCases(o options, l *lab) []benchCase {
 		for _, bs := range o.blksizes {
 			for _, n := range o.tftpClients {
 				cases = append(cases, benchCase{
-					section: sectionTFTP, row: fmt.Sprint(bs), param: fmt.Sprint(n), servers: have(serverDnsmasq, serverTFTPHPA),
+					section: sectionTFTP, keys: []string{fmt.Sprint(bs), fmt.Sprint(n)}, servers: have(serverDnsmasq, serverTFTPHPA),
 					load: func(t *target) load {
 						return load{Proto: "tftp", Warmup: o.warmup, Duration: o.duration, Addr: t.serverIP.String() + ":69",
 							File: tftpFile, FileSize: tftpSize, BlockSize: bs, Clients: n}
@@ -72,7 +91,7 @@ func buildCases(o options, l *lab) []benchCase {
 	if slices.Contains(o.only, "http") {
 		for _, n := range o.httpClients {
 			cases = append(cases, benchCase{
-				section: sectionHTTP, row: "kernel + initrd", param: fmt.Sprint(n), servers: have(serverNginx),
+				section: sectionHTTP, keys: []string{"kernel + initrd", fmt.Sprint(n)}, servers: have(serverNginx),
 				load: func(t *target) load {
 					base := fmt.Sprintf("http://%s:%d/ramdisk/", t.serverIP, httpPort)
 					return load{Proto: "http", Warmup: o.warmup, Duration: o.duration, Clients: n,
@@ -97,7 +116,12 @@ func describeMachine(p peerPaths) machine {
 	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
 		m.kernel = strings.TrimSpace(string(b))
 	}
-	m.peers = append(m.peers, "bcd: this tree, "+runtime.Version())
+	// The commit measured: results are compared across branches (before/after).
+	rev := firstLine(exec.Command("git", "log", "-1", "--format=%h %s"))
+	if st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(bytes.TrimSpace(st)) > 0 {
+		rev += " (with uncommitted changes)"
+	}
+	m.peers = append(m.peers, "bcd: this tree at "+rev+", "+runtime.Version())
 	if p.dnsmasq != "" {
 		m.peers = append(m.peers, firstLine(exec.Command(p.dnsmasq, "--version")))
 	}
@@ -133,8 +157,10 @@ func loadAverage() string {
 // stat is the median of one server's runs of one case, and their spread.
 type stat struct {
 	median, min, max float64
-	p99              float64 // DHCP: median of the runs' p99, ms
+	p50, p99         float64 // DHCP: median of the runs' p50 and p99, ms
 	retries, errors  int64
+	refused          int64 // TFTP ERROR packets, summed over the runs
+	requests         int64 // TFTP read requests, summed over the runs
 	unusable         int64
 	sample           string
 	n                int
@@ -146,10 +172,13 @@ func summarize(rs []result, metric func(result) float64) stat {
 		return s
 	}
 	vals := make([]float64, len(rs))
+	p50s := make([]float64, len(rs))
 	p99s := make([]float64, len(rs))
 	for i, r := range rs {
-		vals[i], p99s[i] = metric(r), r.P99
+		vals[i], p50s[i], p99s[i] = metric(r), r.P50, r.P99
 		s.retries += r.Retries
+		s.refused += r.Refused
+		s.requests += r.Requests
 		s.errors += r.Errors
 		s.unusable += r.Unusable
 		if s.sample == "" {
@@ -157,7 +186,7 @@ func summarize(rs []result, metric func(result) float64) stat {
 		}
 	}
 	s.n = len(rs)
-	s.median, s.p99 = median(vals), median(p99s)
+	s.median, s.p50, s.p99 = median(vals), median(p50s), median(p99s)
 	s.min, s.max = slices.Min(vals), slices.Max(vals)
 	return s
 }
@@ -194,8 +223,9 @@ func ratio(a, b stat) string {
 	return fmt.Sprintf("%.2f", a.median/b.median)
 }
 
-// writeReport prints the tables: per section, one row per case, a column per
-// server, then bcd's ratio to each peer.
+// writeReport prints the tables: the headline (bcd site against the peers)
+// first, then the library level, each per section with one row per case, a
+// column per server, then bcd's ratio to each peer.
 func writeReport(w io.Writer, m machine, o options, l *lab, cases []benchCase, res []map[string][]result) {
 	fmt.Fprintf(w, "bootbench %s: Linux %s, %s CPUs shared by the servers and the clients\n", m.start.Format("2006-01-02 15:04 UTC"), m.kernel, m.cpus)
 	fmt.Fprintf(w, "load average (1 5 15 min) before %s, after %s\n", m.loadBefore, m.loadAfter)
@@ -205,75 +235,106 @@ func writeReport(w io.Writer, m machine, o options, l *lab, cases []benchCase, r
 	fmt.Fprintf(w, "each figure: median of %d runs of %s (after %s of warm-up), ± half the spread of the runs;\n", o.runs, o.duration, o.warmup)
 	fmt.Fprintf(w, "servers alternated within each case; every server in its own network namespace, the clients in another, over veths\n")
 	var notes []string
-	for _, section := range []string{sectionDHCP, sectionTFTP, sectionHTTP} {
-		var idx []int
-		for i, c := range cases {
-			if c.section == section {
-				idx = append(idx, i)
-			}
-		}
-		if len(idx) == 0 {
-			continue
-		}
-		servers := cases[idx[0]].servers
+	for _, bcd := range l.bcdServerNames() {
 		fmt.Fprintln(w)
-		var metric func(result) float64
-		unit := "%.0f"
-		var head []string
-		switch section {
-		case sectionDHCP:
-			fmt.Fprintf(w, "proxyDHCP: PXE clients (BIOS, %d MACs) answered per second, each waiting for its answer; p99 latency\n", tableMACs)
-			metric, head = result.Rate, []string{"exchange", "in flight"}
-		case sectionTFTP:
-			fmt.Fprintf(w, "TFTP: a 1 MiB file (pin/tftp/v3 client, tsize), MiB/s received by all clients together\n")
-			metric, unit, head = result.MiBps, "%.1f", []string{"blksize", "clients"}
-		case sectionHTTP:
-			fmt.Fprintf(w, "HTTP: each client fetches the kernel (%s) then a 30 MiB initrd, again and again; MiB/s received by all\n", l.kernel)
-			metric, head = result.MiBps, []string{"files", "clients"}
+		if bcd == serverSite {
+			fmt.Fprintf(w, "=== HEADLINE: the shipped binary. bcd-site is `bcd site --config` (%s), joined with a site token to a real\n", o.bcd)
+			fmt.Fprintf(w, "    `better-compute serve` in its namespace, %d machines registered with boot ramdisk (half UEFI), default logging\n", o.machines)
+			fmt.Fprintf(w, "    (info), event reporting on; its CPU and serve's are their cgroups'. The clients use the registered MACs.\n")
+		} else {
+			fmt.Fprintf(w, "=== LIBRARY LEVEL (not what ships): bcd-lib is boot.ProxyDHCP, boot.TFTPServer and boot.HTTPServer inside the\n")
+			fmt.Fprintf(w, "    bootbench process, as bcd site configures them, without the site agent (no events, no serve); %d MACs in a\n", tableMACs)
+			fmt.Fprintf(w, "    MemTable, MaxTransfers %d. Same peer measurements as the headline.\n", tftpMax)
 		}
-		var tb bytes.Buffer
-		tw := tabwriter.NewWriter(&tb, 2, 8, 2, ' ', 0)
-		for _, s := range servers {
-			head = append(head, s)
-			if section == sectionDHCP {
-				head = append(head, "p99 ms")
-			}
+		for _, section := range []string{sectionDHCP, sectionTFTP, sectionHTTP} {
+			notes = writeSection(w, section, bcd, l, cases, res, notes)
 		}
-		for _, s := range servers[1:] {
-			head = append(head, "bcd/"+s)
-		}
-		fmt.Fprintln(tw, strings.Join(head, "\t"))
-		for _, i := range idx {
-			c := cases[i]
-			row := []string{c.row, c.param}
-			stats := map[string]stat{}
-			for _, s := range servers {
-				st := summarize(res[i][s], metric)
-				stats[s] = st
-				row = append(row, cell(st, unit))
-				if section == sectionDHCP {
-					row = append(row, fmt.Sprintf("%.2f", st.p99))
-				}
-				if st.errors > 0 || st.retries > 0 || st.unusable > 0 {
-					notes = append(notes, fmt.Sprintf("%s %s %s, %s: %d retries, %d unusable answers, %d errors %s",
-						section, c.row, c.param, s, st.retries, st.unusable, st.errors, quoteSample(st.sample)))
-				}
-			}
-			for _, s := range servers[1:] {
-				row = append(row, ratio(stats[serverBCD], stats[s]))
-			}
-			fmt.Fprintln(tw, strings.Join(row, "\t"))
-		}
-		tw.Flush()
-		w.Write(tb.Bytes())
-		writeCPUTable(w, section, servers, cases, idx, res, head[:2])
 	}
 	if len(notes) > 0 {
-		fmt.Fprintln(w, "\nretries (a DHCP answer not seen within 250 ms) and errors, summed over the runs:")
+		fmt.Fprintln(w, "\nretries (a DHCP answer not seen within 250 ms), refused TFTP transfers (ERROR packets) and errors, summed over the runs:")
 		for _, n := range notes {
 			fmt.Fprintln(w, "  "+n)
 		}
 	}
+}
+
+// writeSection prints one section's tables for bcd (serverSite or serverLib)
+// against the peers, and returns notes with what went wrong.
+func writeSection(w io.Writer, section, bcd string, l *lab, cases []benchCase, res []map[string][]result, notes []string) []string {
+	var idx []int
+	for i, c := range cases {
+		if c.section == section {
+			idx = append(idx, i)
+		}
+	}
+	if len(idx) == 0 {
+		return notes
+	}
+	var servers []string
+	for _, s := range cases[idx[0]].servers {
+		if s == bcd || (s != serverSite && s != serverLib) {
+			servers = append(servers, s)
+		}
+	}
+	fmt.Fprintln(w)
+	var metric func(result) float64
+	unit := "%.0f"
+	var head []string
+	switch section {
+	case sectionDHCP:
+		fmt.Fprintf(w, "proxyDHCP: PXE clients answered per second, each waiting for its answer; p50 and p99 latency in ms\n")
+		metric, head = result.Rate, []string{"client", "exchange", "in flight"}
+	case sectionTFTP:
+		fmt.Fprintf(w, "TFTP: a 1 MiB file (pin/tftp/v3 client, tsize), MiB/s received by all clients together;\n  refused: requests answered with an ERROR packet / requests made, over all runs (firmware aborts its boot on one)\n")
+		metric, unit, head = result.MiBps, "%.1f", []string{"blksize", "clients"}
+	case sectionHTTP:
+		fmt.Fprintf(w, "HTTP: each client fetches the kernel (%s) then a 30 MiB initrd, again and again; MiB/s received by all\n", l.kernel)
+		metric, head = result.MiBps, []string{"files", "clients"}
+	}
+	keys := len(head)
+	var tb bytes.Buffer
+	tw := tabwriter.NewWriter(&tb, 2, 8, 2, ' ', 0)
+	for _, s := range servers {
+		head = append(head, s)
+		switch section {
+		case sectionDHCP:
+			head = append(head, "p50", "p99")
+		case sectionTFTP:
+			head = append(head, "refused")
+		}
+	}
+	for _, s := range servers[1:] {
+		head = append(head, bcd+"/"+s)
+	}
+	fmt.Fprintln(tw, strings.Join(head, "\t"))
+	for _, i := range idx {
+		c := cases[i]
+		row := slices.Clone(c.keys)
+		stats := map[string]stat{}
+		for _, s := range servers {
+			st := summarize(res[i][s], metric)
+			stats[s] = st
+			row = append(row, cell(st, unit))
+			switch section {
+			case sectionDHCP:
+				row = append(row, fmt.Sprintf("%.2f", st.p50), fmt.Sprintf("%.2f", st.p99))
+			case sectionTFTP:
+				row = append(row, fmt.Sprintf("%d/%d", st.refused, st.requests))
+			}
+			if (s == bcd || bcd == serverSite) && (st.errors > 0 || st.retries > 0 || st.unusable > 0) {
+				notes = append(notes, fmt.Sprintf("%s %s, %s: %d retries, %d unusable answers, %d refused, %d errors %s",
+					section, strings.Join(c.keys, " "), s, st.retries, st.unusable, st.refused, st.errors, quoteSample(st.sample)))
+			}
+		}
+		for _, s := range servers[1:] {
+			row = append(row, ratio(stats[bcd], stats[s]))
+		}
+		fmt.Fprintln(tw, strings.Join(row, "\t"))
+	}
+	tw.Flush()
+	w.Write(tb.Bytes())
+	writeCPUTable(w, section, bcd, servers, cases, idx, res, head[:keys])
+	return notes
 }
 
 func quoteSample(s string) string {
@@ -285,32 +346,58 @@ func quoteSample(s string) string {
 
 // writeCPUTable prints the servers' CPU time per answer (DHCP) or per MiB
 // (TFTP, HTTP): what a busy machine does not distort, since it counts the work,
-// not the turns on the cores a server got.
-func writeCPUTable(w io.Writer, section string, servers []string, cases []benchCase, idx []int, res []map[string][]result, head []string) {
+// not the turns on the cores a server got. For bcd site, serve's time (the
+// events the site reports) is a column of its own and in the ratio.
+func writeCPUTable(w io.Writer, section, bcd string, servers []string, cases []benchCase, idx []int, res []map[string][]result, head []string) {
 	metric, unit, what := result.CPUPerMiB, "%.2f", "ms of server CPU per MiB sent"
+	serveMetric := func(r result) float64 {
+		if r.AllBytes == 0 {
+			return 0
+		}
+		return float64(r.ServeCPU) / float64(time.Millisecond) / (float64(r.AllBytes) / (1 << 20))
+	}
 	if section == sectionDHCP {
 		metric, unit, what = result.CPUPerOp, "%.1f", "µs of server CPU per answer (per exchange on the 4011 rows)"
+		serveMetric = result.ServePerOp
 	}
-	fmt.Fprintf(w, "%s: %s, median of the runs; bcd/peer below 1: bcd spends less\n", section, what)
+	site := bcd == serverSite
+	if site {
+		what += "; serve: better-compute serve's meanwhile, " + bcd + "+serve the two together"
+	}
+	fmt.Fprintf(w, "%s: %s, median of the runs; ratio below 1: bcd spends less\n", section, what)
 	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
 	head = slices.Clone(head)
-	head = append(head, servers...)
+	head = append(head, bcd)
+	if site {
+		head = append(head, "serve", bcd+"+serve")
+	}
+	head = append(head, servers[1:]...)
 	for _, s := range servers[1:] {
-		head = append(head, "bcd/"+s)
+		if site {
+			head = append(head, "(bcd+serve)/"+s)
+		} else {
+			head = append(head, bcd+"/"+s)
+		}
 	}
 	fmt.Fprintln(tw, strings.Join(head, "\t"))
 	for _, i := range idx {
 		c := cases[i]
-		row := []string{c.row, c.param}
+		row := slices.Clone(c.keys)
 		stats := map[string]stat{}
 		for _, s := range servers {
 			// The median only: the spread is the throughput table's.
 			st := summarize(res[i][s], metric)
 			stats[s] = st
 			row = append(row, fmt.Sprintf(unit, st.median))
+			if s == serverSite {
+				sv := summarize(res[i][s], serveMetric)
+				both := summarize(res[i][s], func(r result) float64 { return metric(r) + serveMetric(r) })
+				stats[s] = both
+				row = append(row, fmt.Sprintf(unit, sv.median), fmt.Sprintf(unit, both.median))
+			}
 		}
 		for _, s := range servers[1:] {
-			row = append(row, ratio(stats[serverBCD], stats[s]))
+			row = append(row, ratio(stats[bcd], stats[s]))
 		}
 		fmt.Fprintln(tw, strings.Join(row, "\t"))
 	}
