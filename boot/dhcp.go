@@ -140,6 +140,10 @@ type ProxyDHCP struct {
 	// Workers is how many goroutines read and answer on each socket; 0 means
 	// GOMAXPROCS.
 	Workers int
+	// Batch is how many datagrams a worker takes from its socket in one read
+	// (recvmmsg) and sends in one write (sendmmsg); a read takes what is queued and
+	// never waits for more. 0 means 16; 1 reads and writes one datagram a syscall.
+	Batch int
 
 	stats dhcpCounters
 
@@ -306,9 +310,18 @@ func (s *ProxyDHCP) Serve(ctx context.Context) error {
 		workers = runtime.GOMAXPROCS(0)
 	}
 	var wg sync.WaitGroup
+	batch := s.Batch
+	if batch <= 0 {
+		batch = dhcpBatch
+	}
 	for range workers {
-		wg.Go(func() { s.loop(dc, false) })
-		wg.Go(func() { s.loop(pc, true) })
+		if batch == 1 {
+			wg.Go(func() { s.loop(dc, false) })
+			wg.Go(func() { s.loop(pc, true) })
+			continue
+		}
+		wg.Go(func() { s.batchLoop(dc, false, batch) })
+		wg.Go(func() { s.batchLoop(pc, true, batch) })
 	}
 	<-ctx.Done()
 	dc.Close()
