@@ -188,8 +188,16 @@ func (f *Fleet) startImageServer() error {
 // BC runs an operator command against the control plane, from the management
 // network.
 func (f *Fleet) BC(args ...string) (string, error) {
-	cmd := f.mgmt.Command(f.Bin.BetterCompute, append(args, "--token-file", f.tokenFile)...)
-	cmd.Env = append(os.Environ(), "BETTER_COMPUTE_SERVER=https://"+apiAddr, "BETTER_COMPUTE_PKI="+f.pki)
+	return RunBC(f.mgmt, f.Bin.BetterCompute, "https://"+apiAddr, f.pki, f.tokenFile, args...)
+}
+
+// RunBC runs the operator CLI bin inside ns against the api at server, with
+// the PKI directory and the operator token file: the testbed's and simlab's
+// one way to run an operator command. stdout is returned; a failure carries
+// stderr.
+func RunBC(ns *Netns, bin, server, pki, tokenFile string, args ...string) (string, error) {
+	cmd := ns.Command(bin, append(args, "--token-file", tokenFile)...)
+	cmd.Env = append(os.Environ(), "BETTER_COMPUTE_SERVER="+server, "BETTER_COMPUTE_PKI="+pki)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {

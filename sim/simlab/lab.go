@@ -144,14 +144,7 @@ func (l *Lab) addAddrs(n int) error {
 
 // BC runs an operator command.
 func (l *Lab) BC(args ...string) (string, error) {
-	cmd := l.site.Command(l.Bin.BetterCompute, append(args, "--token-file", l.tokenFile)...)
-	cmd.Env = append(os.Environ(), "BETTER_COMPUTE_SERVER=https://"+apiAddr, "BETTER_COMPUTE_PKI="+l.pki)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return stdout.String(), fmt.Errorf("better-compute %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
-	}
-	return stdout.String(), nil
+	return testbed.RunBC(l.site, l.Bin.BetterCompute, "https://"+apiAddr, l.pki, l.tokenFile, args...)
 }
 
 func (l *Lab) startServe(ctx context.Context) error {
