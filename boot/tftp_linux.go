@@ -11,6 +11,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -107,6 +108,26 @@ func tftpParsePktinfo(oob []byte) (local netip.Addr, ifindex int) {
 	return local, ifindex
 }
 
+// rawRead and rawWrite are read and write on the transfers' sockets, which
+// never block: raw system calls, without the runtime's bookkeeping for a call
+// that might (entersyscall, exitsyscall), which a storm of small blocks pays
+// twice a block.
+func rawRead(fd int, b []byte) (int, error) {
+	n, _, e := unix.RawSyscall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)))
+	if e != 0 {
+		return 0, e
+	}
+	return int(n), nil
+}
+
+func rawWrite(fd int, b []byte) (int, error) {
+	n, _, e := unix.RawSyscall(unix.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)))
+	if e != 0 {
+		return 0, e
+	}
+	return int(n), nil
+}
+
 // nativeUint32 reads a field the kernel wrote in the host's byte order.
 func nativeUint32(b []byte) uint32 { return binary.NativeEndian.Uint32(b) }
 
@@ -171,7 +192,7 @@ func (t *tftpSock) open(local netip.Addr, remote netip.AddrPort) error {
 
 func (t *tftpSock) write(b []byte) error {
 	for {
-		_, err := unix.Write(t.fd, b)
+		_, err := rawWrite(t.fd, b)
 		switch err {
 		case unix.EINTR:
 			continue
@@ -305,7 +326,7 @@ func (p *tftpPoller) run() {
 			}
 			// One datagram per event: epoll is level-triggered, and a second
 			// read would nearly always be an EAGAIN, a syscall for nothing.
-			m, err := unix.Read(int(fd), buf)
+			m, err := rawRead(int(fd), buf)
 			if err == unix.EAGAIN || err == unix.EINTR {
 				continue
 			}
