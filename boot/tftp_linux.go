@@ -403,5 +403,13 @@ func (p *tftpPoller) end(t *tftpTransfer, err error) {
 }
 
 // tftpPollers is how many pollers a server runs: one per core the runtime
-// uses, up to 4 (beyond, the one goroutine reading requests is the limit).
-func tftpPollers() int { return min(runtime.GOMAXPROCS(0), 4) }
+// uses but one, at least one and up to 4 (beyond, the one goroutine reading
+// requests is the limit). A poller waits in epoll_wait holding its P (the
+// runtime's right to run Go code); when every P is held so, the runtime's
+// monitor takes them back after 20 µs, and each wake-up of a poller then goes
+// through the scheduler's slow path, to a P free on another thread, while the
+// goroutine reading requests and the rest of the process wait for one. One P
+// left over keeps the pollers' returns on the fast path: on 2 cores one
+// poller served a 16-client storm at blksize 512 at 9.3 ms of CPU per MiB
+// where two spent 13.1, and 1.16× dnsmasq's rate where two reached 0.92×.
+func tftpPollers() int { return max(1, min(runtime.GOMAXPROCS(0)-1, 4)) }
