@@ -61,8 +61,8 @@ type tftpCounters struct {
 // a request beyond it is left unanswered (the client asks again) rather than
 // refused. Each transfer has a socket of its own, connected
 // to the client (its transfer ID, as RFC 1350 asks); on Linux a goroutine per
-// core polls its share of them with epoll, as dnsmasq polls its transfers from
-// one thread, so a block costs a recv of the acknowledgement and a send of the
+// core but one (one on 2 cores) polls its share of them with epoll, as dnsmasq
+// polls its transfers from one thread, so a block costs a recv of the acknowledgement and a send of the
 // next block, with no deadline or timer to set and no goroutine to wake (the
 // poller keeps one clock and scans its transfers' deadlines when the earliest
 // passes). A block is sent again on a timeout,
@@ -319,8 +319,9 @@ func (s *TFTPServer) Serve(ctx context.Context) error {
 	if ns != nil {
 		defer ns.Close()
 	}
-	// One poller per core: a poller runs its transfers from one goroutine, and
-	// a storm of lock-step clients is all syscalls, which more cores serve.
+	// A poller per core but one (tftpPollers): a poller runs its transfers
+	// from one goroutine, and a storm of lock-step clients is all syscalls,
+	// which more cores serve.
 	pollers := make([]*tftpPoller, tftpPollers())
 	for i := range pollers {
 		p, err := newTFTPPoller(s)
