@@ -97,6 +97,9 @@ type Session struct {
 	sendMu sync.Mutex
 	conn   *websocket.Conn
 
+	// acks removes acknowledged entries from the journal off the reader.
+	acks acker
+
 	mu              sync.Mutex
 	running         map[string]bool
 	finished        finishedCommands
@@ -157,6 +160,8 @@ func (s *Session) Run(ctx context.Context) error {
 	s.running = map[string]bool{}
 	s.mu.Unlock()
 	defer s.handlers.Wait()
+	stopAcks := s.acks.start(s.Journal, s.log())
+	defer stopAcks()
 	if labfault.NoWelcome {
 		// A lab release that must never confirm a self-update (see labfault).
 		s.log().Error("this is a labfault_nowelcome build: never dialling the gateway")
@@ -421,9 +426,7 @@ func (s *Session) readLoop(ctx context.Context, conn *websocket.Conn) error {
 				s.log().Warn("ignoring an ack that does not decode", "error", err.Error())
 				continue
 			}
-			if _, err := s.Journal.Ack(ack.Seq); err != nil {
-				s.log().Error("could not remove acknowledged entries from the journal", "seq", ack.Seq, "error", err.Error())
-			}
+			s.acks.note(ack.Seq)
 		case protocol.FrameError:
 			var e protocol.ErrorResponse
 			if err := f.Decode(&e); err != nil {
@@ -570,6 +573,27 @@ func (s *Session) Event(ev protocol.Event) error {
 	return nil
 }
 
+// Events journals evs in one transaction and sends them if a connection is up: a
+// storm of boot events costs one write to disk per batch, not per event.
+func (s *Session) Events(evs []protocol.Event) error {
+	now := time.Now().UTC()
+	for i := range evs {
+		if evs[i].Time.IsZero() {
+			evs[i].Time = now
+		}
+	}
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	evs, err := s.Journal.AppendEvents(evs)
+	if err != nil {
+		return err
+	}
+	for _, ev := range evs {
+		s.sendLocked(protocol.FrameEvent, ev)
+	}
+	return nil
+}
+
 // ReportStatus journals and sends a status for a command outside any handler, such
 // as the end of a node.reboot, which only the next process can see.
 func (s *Session) ReportStatus(st protocol.Status) error {
@@ -627,4 +651,83 @@ func countUpTo(entries []journal.Entry, seq uint64) int {
 		}
 	}
 	return n
+}
+
+// acker applies the gateway's acknowledgements to the journal. Acks are cumulative,
+// so while one removal (a disk write) runs, the acks arriving meanwhile fold into
+// the next: a storm of events acknowledged one by one costs a few writes, not one
+// each. An ack not applied when the process ends only means a replay the gateway
+// already has.
+type acker struct {
+	mu      sync.Mutex
+	journal *journal.Journal
+	log     *slog.Logger
+	latest  uint64 // the highest seq acknowledged
+	applied uint64 // the highest seq removed from the journal
+	kick    chan struct{}
+}
+
+// start runs the remover until the returned stop is called; stop applies what is
+// still waiting.
+func (a *acker) start(j *journal.Journal, log *slog.Logger) (stop func()) {
+	a.mu.Lock()
+	a.journal, a.log = j, log
+	a.kick = make(chan struct{}, 1)
+	kick := a.kick
+	a.mu.Unlock()
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		for {
+			select {
+			case <-kick:
+				a.apply()
+			case <-done:
+				a.apply()
+				return
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-finished
+	}
+}
+
+// note records an ack; without a running remover it applies it at once.
+func (a *acker) note(seq uint64) {
+	a.mu.Lock()
+	if seq > a.latest {
+		a.latest = seq
+	}
+	kick := a.kick
+	a.mu.Unlock()
+	if kick == nil {
+		a.apply()
+		return
+	}
+	select {
+	case kick <- struct{}{}:
+	default: // a removal is already due; it will see this seq
+	}
+}
+
+func (a *acker) apply() {
+	a.mu.Lock()
+	seq, j, log := a.latest, a.journal, a.log
+	if seq <= a.applied || j == nil {
+		a.mu.Unlock()
+		return
+	}
+	a.mu.Unlock()
+	if _, err := j.Ack(seq); err != nil {
+		log.Error("could not remove acknowledged entries from the journal", "seq", seq, "error", err.Error())
+		return
+	}
+	a.mu.Lock()
+	if seq > a.applied {
+		a.applied = seq
+	}
+	a.mu.Unlock()
 }

@@ -3,6 +3,7 @@ package agent_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -361,5 +362,45 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition not met in 10s")
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestSessionEventsBatchAndAcks: a batch of events reaches the gateway in order
+// and, acknowledged one by one, leaves the journal empty.
+func TestSessionEventsBatchAndAcks(t *testing.T) {
+	g := agenttest.New(t)
+	var mu sync.Mutex
+	var seqs []uint64
+	g.OnSession = func(ctx context.Context, c *agenttest.Conn) {
+		agenttest.AckAll(ctx, c, func(f protocol.Frame) {
+			if f.Type == protocol.FrameEvent {
+				mu.Lock()
+				seqs = append(seqs, agenttest.Seq(f))
+				mu.Unlock()
+			}
+		})
+	}
+	f := newSession(t, g)
+	f.run(t)
+	waitFor(t, func() bool { return f.s.State().Connected })
+	const batches, per = 20, 25
+	for b := range batches {
+		evs := make([]protocol.Event, per)
+		for i := range evs {
+			evs[i] = protocol.Event{Kind: protocol.EventLog, Message: fmt.Sprintf("event %d.%d", b, i)}
+		}
+		if err := f.s.Events(evs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(seqs) == batches*per && f.j.Len() == 0
+	})
+	for i, s := range seqs {
+		if s != uint64(i+1) {
+			t.Fatalf("event %d arrived with seq %d: out of order", i, s)
+		}
 	}
 }

@@ -30,6 +30,11 @@ func (s journalSink) Event(ev protocol.Event) error {
 	return err
 }
 
+func (s journalSink) Events(evs []protocol.Event) error {
+	_, err := s.j.AppendEvents(evs)
+	return err
+}
+
 // BenchmarkSiteProxyDHCP drives the site's DHCP path as bcd site wires it: the
 // proxyDHCP with the site's reporter as observer journaling into a real journal, a
 // boot table of 1,000 machines, logging at error (bcd site's default), on loopback

@@ -25,6 +25,8 @@ const (
 	// count waits in its burst for a later flush, because the boot servers must
 	// never wait.
 	eventQueue = 1024
+	// eventBatch bounds the events journaled in one transaction.
+	eventBatch = 256
 	// ipMACTTL is how long a client address stays attributed to the MAC last seen
 	// with it, for the stages whose protocol carries no MAC (TFTP, kernel, initrd).
 	ipMACTTL = 15 * time.Minute
@@ -33,9 +35,11 @@ const (
 	maxTracked = 16384
 )
 
-// eventSink journals an event for the gateway; *agent.Session is one.
+// eventSink journals events for the gateway; *agent.Session is one. Events stores a
+// batch in one write to disk.
 type eventSink interface {
 	Event(protocol.Event) error
+	Events([]protocol.Event) error
 }
 
 // EventStats counts what the event reporter did with what the boot servers served.
@@ -296,7 +300,7 @@ func (r *reporter) run(ctx context.Context) {
 	for {
 		select {
 		case b := <-r.queue:
-			r.emit(b)
+			r.emitQueued(b)
 		case <-tick.C:
 			r.flush()
 		case <-ctx.Done():
@@ -315,23 +319,56 @@ func (r *reporter) drainAll() {
 		}
 		r.mu.Unlock()
 		r.flush()
-		n := 0
-		for done := false; !done; {
-			select {
-			case b := <-r.queue:
-				r.emit(b)
-				n++
-			default:
-				done = true
-			}
-		}
-		if n == 0 {
+		select {
+		case b := <-r.queue:
+			r.emitQueued(b)
+		default:
 			return
 		}
 	}
 }
 
-func (r *reporter) emit(b bootedEvent) {
+// emitQueued journals b and whatever else is queued behind it, up to eventBatch,
+// in one transaction.
+func (r *reporter) emitQueued(b bootedEvent) {
+	batch := make([]bootedEvent, 0, 16)
+	batch = append(batch, b)
+	for len(batch) < eventBatch {
+		select {
+		case b := <-r.queue:
+			batch = append(batch, b)
+			continue
+		default:
+		}
+		break
+	}
+	r.emit(batch...)
+}
+
+// emit journals the machine.bootedEvent events of bs in one transaction.
+func (r *reporter) emit(bs ...bootedEvent) {
+	evs := make([]protocol.Event, 0, len(bs))
+	count := 0
+	for _, b := range bs {
+		if ev, ok := r.event(b); ok {
+			evs = append(evs, ev)
+			count += b.count
+		}
+	}
+	if len(evs) == 0 {
+		return
+	}
+	if err := r.sink.Events(evs); err != nil {
+		r.dropped.Add(uint64(count))
+		r.log.Error("boot: cannot journal machine.bootedEvent events", "events", len(evs), "first", evs[0].Message, "error", err.Error())
+		return
+	}
+	r.journaled.Add(uint64(len(evs)))
+}
+
+// event makes b's machine.bootedEvent event; false when there is none to send (no
+// MAC is known for the address).
+func (r *reporter) event(b bootedEvent) (protocol.Event, bool) {
 	mb := protocol.MachineBooted{
 		Stage:      stageNames[b.key.stage],
 		ClientGUID: b.guid,
@@ -355,7 +392,7 @@ func (r *reporter) emit(b bootedEvent) {
 		if len(mac) != 6 {
 			r.noMAC.Add(uint64(b.count))
 			r.log.Debug("boot: served a client whose MAC is not known; no event", "stage", mb.Stage, "ip", mb.IP, "file", mb.File)
-			return
+			return protocol.Event{}, false
 		}
 		mb.MAC = mac.String()
 		r.mu.Lock()
@@ -366,25 +403,19 @@ func (r *reporter) emit(b bootedEvent) {
 	}
 	data, err := json.Marshal(mb)
 	if err != nil {
-		return
+		return protocol.Event{}, false
 	}
 	msg := mb.Stage + " " + mb.MAC
 	if mb.Count > 1 {
 		msg += " ×" + strconv.Itoa(mb.Count)
 	}
-	err = r.sink.Event(protocol.Event{
+	return protocol.Event{
 		Kind:    protocol.EventMachineBooted,
 		Time:    mb.Time,
 		Level:   "info",
 		Message: msg,
 		Data:    data,
-	})
-	if err != nil {
-		r.dropped.Add(uint64(b.count))
-		r.log.Error("boot: cannot journal a machine.bootedEvent event", "mac", mb.MAC, "stage", mb.Stage, "error", err.Error())
-		return
-	}
-	r.journaled.Add(1)
+	}, true
 }
 
 // errNonceNotJournaled makes the boot HTTP server answer 503: a nonce the control

@@ -23,9 +23,10 @@ import (
 
 // memSink is an eventSink that keeps what it is given, or fails.
 type memSink struct {
-	mu     sync.Mutex
-	events []protocol.Event
-	fail   error
+	mu      sync.Mutex
+	events  []protocol.Event
+	batches int // calls of Events
+	fail    error
 }
 
 func (s *memSink) Event(ev protocol.Event) error {
@@ -35,6 +36,17 @@ func (s *memSink) Event(ev protocol.Event) error {
 		return s.fail
 	}
 	s.events = append(s.events, ev)
+	return nil
+}
+
+func (s *memSink) Events(evs []protocol.Event) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fail != nil {
+		return s.fail
+	}
+	s.batches++
+	s.events = append(s.events, evs...)
 	return nil
 }
 
@@ -65,7 +77,7 @@ func (r *reporter) drain() {
 	for {
 		select {
 		case mb := <-r.queue:
-			r.emit(mb)
+			r.emitQueued(mb)
 		default:
 			return
 		}
@@ -122,6 +134,36 @@ func TestEventsRateLimited(t *testing.T) {
 	want = "52:54:00:12:34:56 pxe ×999,52:54:00:12:34:57 dhcp ×999"
 	if strings.Join(counts, ",") != want {
 		t.Errorf("flushed:\n%s\nwant\n%s", strings.Join(counts, ","), want)
+	}
+}
+
+// TestEventsJournaledInBatches: the events of a storm reach the journal in
+// transactions of up to eventBatch, not one each.
+func TestEventsJournaledInBatches(t *testing.T) {
+	sink := &memSink{}
+	now := time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
+	r := newReporter(sink, slog.New(slog.DiscardHandler), func() time.Time { return now }, time.Second)
+	r.neighbor = nil
+	const machines = eventBatch + 44
+	for i := range machines {
+		mac := net.HardwareAddr{0x52, 0x54, 0, 0, byte(i >> 8), byte(i)}
+		r.Observe(boot.Event{Served: boot.ServedOffer, MAC: mac, Time: now})
+	}
+	r.drain()
+	if n := len(booted(t, sink.all())); n != machines || sink.batches != 2 {
+		t.Errorf("%d events in %d batches, want %d in 2", n, sink.batches, machines)
+	}
+	if st := r.Stats(); st.Journaled != machines {
+		t.Errorf("journaled = %d, want %d", st.Journaled, machines)
+	}
+	// A refused batch counts every serve it stood for as dropped.
+	sink.fail = errors.New("disk full")
+	for i := range 3 {
+		r.Observe(boot.Event{Served: boot.ServedAck, MAC: net.HardwareAddr{0x52, 0x54, 0, 1, 0, byte(i)}, Time: now})
+	}
+	r.drain()
+	if st := r.Stats(); st.Dropped != 3 || st.Journaled != machines {
+		t.Errorf("after a refused batch: %+v, want 3 dropped", st)
 	}
 }
 

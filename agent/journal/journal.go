@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -90,6 +91,10 @@ type Journal struct {
 	// count is the number of entries in the outbox. One process holds the file
 	// (bbolt's flock), so it is kept here instead of being counted per append.
 	count atomic.Int64
+	// countMu spans a writing transaction and its change of count, so that an
+	// append's Store cannot overwrite an Ack's Add made in between (bbolt
+	// serializes the transactions anyway; this costs no concurrency).
+	countMu sync.Mutex
 }
 
 // Open opens (or creates) the journal at path for nodeID. A journal of another node
@@ -240,7 +245,7 @@ func seqKey(seq uint64) []byte { return binary.BigEndian.AppendUint64(nil, seq) 
 
 // AppendStatus stores st under the next sequence number and returns it with Seq set.
 func (j *Journal) AppendStatus(st protocol.Status) (protocol.Status, error) {
-	_, err := j.append(TypeStatus, func(seq uint64) ([]byte, error) {
+	_, err := j.append(TypeStatus, 1, func(_ int, seq uint64) ([]byte, error) {
 		st.Seq = seq
 		return json.Marshal(st)
 	})
@@ -249,49 +254,78 @@ func (j *Journal) AppendStatus(st protocol.Status) (protocol.Status, error) {
 
 // AppendEvent stores ev under the next sequence number and returns it with Seq set.
 func (j *Journal) AppendEvent(ev protocol.Event) (protocol.Event, error) {
-	_, err := j.append(TypeEvent, func(seq uint64) ([]byte, error) {
-		ev.Seq = seq
-		return json.Marshal(ev)
-	})
-	return ev, err
+	evs, err := j.AppendEvents([]protocol.Event{ev})
+	if err != nil {
+		return ev, err
+	}
+	return evs[0], nil
 }
 
-func (j *Journal) append(typ string, encode func(seq uint64) ([]byte, error)) (Entry, error) {
+// AppendEvents stores evs under consecutive sequence numbers in one transaction
+// (one write to disk for all of them, which is why a storm's events come in
+// batches) and returns them with Seq set. Either all are stored or none.
+func (j *Journal) AppendEvents(evs []protocol.Event) ([]protocol.Event, error) {
+	out := make([]protocol.Event, len(evs))
+	copy(out, evs)
+	_, err := j.append(TypeEvent, len(out), func(i int, seq uint64) ([]byte, error) {
+		out[i].Seq = seq
+		return json.Marshal(out[i])
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// append stores n entries of typ in one transaction; encode makes the i-th with its
+// sequence number. It returns the first entry stored.
+func (j *Journal) append(typ string, n int, encode func(i int, seq uint64) ([]byte, error)) (Entry, error) {
 	var e Entry
 	var dropped []uint64
 	var count int64
+	if n <= 0 {
+		return Entry{}, nil
+	}
+	j.countMu.Lock()
+	defer j.countMu.Unlock()
 	err := j.db.Update(func(tx *bolt.Tx) error {
+		dropped = dropped[:0]
 		meta := tx.Bucket(bucketMeta)
 		seq := uint64(1)
 		if v := meta.Get(keyNextSeq); len(v) == 8 {
 			seq = binary.BigEndian.Uint64(v)
 		}
-		if err := meta.Put(keyNextSeq, seqKey(seq+1)); err != nil {
-			return err
-		}
-		data, err := encode(seq)
-		if err != nil {
-			return err
-		}
-		stored, err := json.Marshal(storedEntry{Type: typ, Data: data})
-		if err != nil {
+		if err := meta.Put(keyNextSeq, seqKey(seq+uint64(n))); err != nil {
 			return err
 		}
 		out := tx.Bucket(bucketOutbox)
-		if err := out.Put(seqKey(seq), stored); err != nil {
-			return err
-		}
-		n := j.count.Load() + 1
-		for n > int64(j.max) {
-			s, err := dropOldest(out)
+		c := j.count.Load()
+		for i := 0; i < n; i++ {
+			data, err := encode(i, seq+uint64(i))
 			if err != nil {
 				return err
 			}
-			dropped = append(dropped, s)
-			n--
+			stored, err := json.Marshal(storedEntry{Type: typ, Data: data})
+			if err != nil {
+				return err
+			}
+			if err := out.Put(seqKey(seq+uint64(i)), stored); err != nil {
+				return err
+			}
+			if i == 0 {
+				e = Entry{Seq: seq, Type: typ, Data: data}
+			}
+			c++
+			for c > int64(j.max) {
+				s, err := dropOldest(out)
+				if err != nil {
+					return err
+				}
+				dropped = append(dropped, s)
+				c--
+			}
 		}
-		count = n
-		e = Entry{Seq: seq, Type: typ, Data: data}
+		count = c
 		return nil
 	})
 	if err != nil {
@@ -353,6 +387,8 @@ func (j *Journal) Len() int {
 // Ack removes every entry up to and including seq and returns how many went.
 func (j *Journal) Ack(seq uint64) (int, error) {
 	n := 0
+	j.countMu.Lock()
+	defer j.countMu.Unlock()
 	err := j.db.Update(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bucketOutbox).Cursor()
 		for k, _ := c.First(); k != nil && binary.BigEndian.Uint64(k) <= seq; k, _ = c.First() {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -200,5 +201,50 @@ func TestOwnerOfMissingJournal(t *testing.T) {
 	_, err := Owner(filepath.Join(t.TempDir(), FileName))
 	if !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("Owner of nothing = %v, want ErrNotExist", err)
+	}
+}
+
+func TestAppendEventsIsOneBatch(t *testing.T) {
+	j := open(t, filepath.Join(t.TempDir(), FileName), "node_a", Options{MaxEntries: 5})
+	if _, err := j.AppendStatus(protocol.Status{CommandID: "cmd_1", State: protocol.StateRunning}); err != nil {
+		t.Fatal(err)
+	}
+	in := []protocol.Event{{Kind: protocol.EventLog, Message: "a"}, {Kind: protocol.EventLog, Message: "b"}, {Kind: protocol.EventLog, Message: "c"}}
+	out, err := j.AppendEvents(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, ev := range out {
+		if ev.Seq != uint64(i+2) || ev.Message != in[i].Message {
+			t.Errorf("event %d = seq %d %q, want seq %d %q", i, ev.Seq, ev.Message, i+2, in[i].Message)
+		}
+	}
+	if in[0].Seq != 0 {
+		t.Error("AppendEvents changed its argument")
+	}
+	// Beyond MaxEntries within one batch: the oldest events go, the status stays.
+	if _, err := j.AppendEvents([]protocol.Event{{Kind: protocol.EventLog, Message: "d"}, {Kind: protocol.EventLog, Message: "e"}, {Kind: protocol.EventLog, Message: "f"}}); err != nil {
+		t.Fatal(err)
+	}
+	pending, err := j.Pending()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []uint64
+	for _, e := range pending {
+		got = append(got, e.Seq)
+	}
+	if want := []uint64{1, 4, 5, 6, 7}; !slices.Equal(got, want) || j.Len() != 5 {
+		t.Errorf("pending seqs %v (Len %d), want %v", got, j.Len(), want)
+	}
+	// An entry that does not encode stores none of the batch.
+	if _, err := j.AppendEvents([]protocol.Event{{Kind: protocol.EventLog}, {Kind: protocol.EventLog, Data: json.RawMessage("{")}}); err == nil {
+		t.Fatal("a batch with an event that does not encode was stored")
+	}
+	if after, _ := j.Pending(); len(after) != 5 || j.Len() != 5 {
+		t.Errorf("after a refused batch: %d pending (Len %d), want 5", len(after), j.Len())
+	}
+	if ev, err := j.AppendEvent(protocol.Event{Kind: protocol.EventLog}); err != nil || ev.Seq != 8 {
+		t.Errorf("next event: seq %d, %v; want 8 (a refused batch takes no sequence numbers)", ev.Seq, err)
 	}
 }
