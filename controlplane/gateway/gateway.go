@@ -57,6 +57,8 @@ type SpecSource interface {
 // error leaves the event unacknowledged, for the agent to replay.
 type EventHandler interface {
 	Event(ctx context.Context, node store.Node, ev protocol.Event) (protocol.Event, error)
+	// Events is Event for a batch of events that arrived together, in order.
+	Events(ctx context.Context, node store.Node, evs []protocol.Event) ([]protocol.Event, error)
 }
 
 // Observer is told what changed in a session once the store has it: the
@@ -130,6 +132,8 @@ type Server struct {
 	sessions map[string]*session
 	closed   bool
 	wg       sync.WaitGroup
+	// ingest stores what every session reads, in batches (ingest.go).
+	ingest ingester
 }
 
 func (s *Server) now() time.Time {

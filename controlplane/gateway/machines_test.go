@@ -30,6 +30,13 @@ func (l *eventLog) AddEvent(c context.Context, ev store.Event) error {
 	return l.Store.AddEvent(c, ev)
 }
 
+func (l *eventLog) AddEvents(c context.Context, evs []store.Event) error {
+	l.mu.Lock()
+	l.events = append(l.events, evs...)
+	l.mu.Unlock()
+	return l.Store.AddEvents(c, evs)
+}
+
 func (l *eventLog) stored() []store.Event {
 	l.mu.Lock()
 	defer l.mu.Unlock()

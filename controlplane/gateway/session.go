@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
@@ -45,8 +46,11 @@ type session struct {
 
 	ctx    context.Context
 	cancel context.CancelFunc
-	out    chan []byte
-	kick   chan struct{}
+	// ackSeq is the sequence number to acknowledge next; ackKick tells
+	// writeLoop there is one.
+	ackSeq  atomic.Uint64
+	ackKick chan struct{}
+	kick    chan struct{}
 	// specKick asks writeLoop to build the spec again; specRev is the
 	// revision last written (writeLoop's alone once the Welcome is out).
 	specKick chan struct{}
@@ -171,7 +175,7 @@ func (s *Server) serveSession(w http.ResponseWriter, r *http.Request) {
 		log:      s.log().With("node", node.ID),
 		ctx:      ctx,
 		cancel:   cancel,
-		out:      make(chan []byte, 4),
+		ackKick:  make(chan struct{}, 1),
 		kick:     make(chan struct{}, 1),
 		specKick: make(chan struct{}, 1),
 		sent:     make(map[string]bool),
@@ -329,6 +333,8 @@ func decodeFrame(typ websocket.MessageType, data []byte) (protocol.Frame, error)
 	return f, nil
 }
 
+// readLoop reads what the agent sends and queues its statuses and events for the
+// server's ingester, which stores them in order and acknowledges them.
 func (ss *session) readLoop() {
 	for {
 		typ, data, err := ss.conn.Read(ss.ctx)
@@ -344,30 +350,8 @@ func (ss *session) readLoop() {
 			return
 		}
 		switch f.Type {
-		case protocol.FrameStatus:
-			var st protocol.Status
-			if err := f.Decode(&st); err != nil {
-				ss.fail(closePolicy, httpjson.Errorf(protocol.CodeInvalidInput, "status: %v", err))
-				return
-			}
-			if err := ss.status(st); err != nil {
-				ss.log.Error("session: storing a status failed", "err", err)
-				ss.fail(closeTryLater, httpjson.Unavailable("the control plane could not store the status; it will be replayed"))
-				return
-			}
-			ss.ack(st.Seq)
-		case protocol.FrameEvent:
-			var ev protocol.Event
-			if err := f.Decode(&ev); err != nil {
-				ss.fail(closePolicy, httpjson.Errorf(protocol.CodeInvalidInput, "event: %v", err))
-				return
-			}
-			if err := ss.event(ev); err != nil {
-				ss.log.Error("session: storing an event failed", "err", err)
-				ss.fail(closeTryLater, httpjson.Unavailable("the control plane could not store the event; it will be replayed"))
-				return
-			}
-			ss.ack(ev.Seq)
+		case protocol.FrameStatus, protocol.FrameEvent:
+			ss.srv.ingest.put(ss, f)
 		case protocol.FrameHello:
 			ss.fail(closePolicy, httpjson.Errorf(protocol.CodeInvalidInput, "hello sent twice"))
 			return
@@ -377,6 +361,68 @@ func (ss *session) readLoop() {
 			ss.log.Debug("session: ignoring a frame", "type", human.Short(f.Type))
 		}
 	}
+}
+
+// store stores a batch of the session's statuses and events in order and
+// acknowledges what it stored; false when the session must end (it has failed it).
+// Only the ingester calls it.
+func (ss *session) store(batch []protocol.Frame) bool {
+	var events []protocol.Event
+	var acked, stored uint64
+	var ackable bool
+	storeEvents := func() bool {
+		if len(events) == 0 {
+			return true
+		}
+		if err := ss.events(events); err != nil {
+			ss.log.Error("session: storing events failed", "events", len(events), "err", err)
+			if ackable {
+				ss.ack(acked) // what was stored before stays stored
+			}
+			ss.fail(closeTryLater, httpjson.Unavailable("the control plane could not store the event; it will be replayed"))
+			return false
+		}
+		acked, ackable = stored, true
+		events = events[:0]
+		return true
+	}
+	for _, f := range batch {
+		switch f.Type {
+		case protocol.FrameStatus:
+			var st protocol.Status
+			if err := f.Decode(&st); err != nil {
+				ss.fail(closePolicy, httpjson.Errorf(protocol.CodeInvalidInput, "status: %v", err))
+				return false
+			}
+			if !storeEvents() {
+				return false
+			}
+			if err := ss.status(st); err != nil {
+				ss.log.Error("session: storing a status failed", "err", err)
+				if ackable {
+					ss.ack(acked)
+				}
+				ss.fail(closeTryLater, httpjson.Unavailable("the control plane could not store the status; it will be replayed"))
+				return false
+			}
+			acked, stored, ackable = st.Seq, st.Seq, true
+		case protocol.FrameEvent:
+			var ev protocol.Event
+			if err := f.Decode(&ev); err != nil {
+				ss.fail(closePolicy, httpjson.Errorf(protocol.CodeInvalidInput, "event: %v", err))
+				return false
+			}
+			events = append(events, ev)
+			stored = ev.Seq
+		}
+	}
+	if !storeEvents() {
+		return false
+	}
+	if ackable {
+		ss.ack(acked)
+	}
+	return true
 }
 
 func (ss *session) status(st protocol.Status) error {
@@ -406,28 +452,35 @@ func (ss *session) status(st protocol.Status) error {
 	return nil
 }
 
-func (ss *session) event(ev protocol.Event) error {
-	if ev.Time.IsZero() {
-		ev.Time = ss.srv.now()
-	}
-	if ev.Kind == "" {
-		ev.Kind = "unknown"
+// events stores a batch of events: the records they make (Events), then the
+// events themselves in one transaction.
+func (ss *session) events(evs []protocol.Event) error {
+	now := ss.srv.now()
+	for i := range evs {
+		if evs[i].Time.IsZero() {
+			evs[i].Time = now
+		}
+		if evs[i].Kind == "" {
+			evs[i].Kind = "unknown"
+		}
 	}
 	if ss.srv.Events != nil {
 		var err error
-		if ev, err = ss.srv.Events.Event(ss.ctx, ss.node, ev); err != nil {
+		if evs, err = ss.srv.Events.Events(ss.ctx, ss.node, evs); err != nil {
 			return err
 		}
 	}
-	if ev.Kind == protocol.EventSectionStatus {
-		if err := ss.sectionStatus(ev); err != nil {
-			return err
+	rows := make([]store.Event, len(evs))
+	for i, ev := range evs {
+		if ev.Kind == protocol.EventSectionStatus {
+			if err := ss.sectionStatus(ev); err != nil {
+				return err
+			}
 		}
+		rows[i] = store.Event{NodeID: ss.nodeID, SessionID: ss.id, Seq: ev.Seq, Kind: ev.Kind, Time: ev.Time, Level: ev.Level,
+			Message: ev.Message, Data: ev.Data, ReceivedAt: now}
 	}
-	return ss.srv.Store.AddEvent(ss.ctx, store.Event{
-		NodeID: ss.nodeID, SessionID: ss.id, Seq: ev.Seq, Kind: ev.Kind, Time: ev.Time, Level: ev.Level,
-		Message: ev.Message, Data: ev.Data, ReceivedAt: ss.srv.now(),
-	})
+	return ss.srv.Store.AddEvents(ss.ctx, rows)
 }
 
 // maxSectionText bounds a section status's message as stored.
@@ -472,14 +525,14 @@ func archOf(a string) string {
 	return a
 }
 
+// ack asks writeLoop to acknowledge everything up to seq. It never waits: the
+// ingester serves every session, and acks are cumulative, so a later one replaces
+// one not yet written.
 func (ss *session) ack(seq uint64) {
-	b, err := frame(protocol.FrameAck, protocol.Ack{Seq: seq})
-	if err != nil {
-		return
-	}
+	ss.ackSeq.Store(seq)
 	select {
-	case ss.out <- b:
-	case <-ss.ctx.Done():
+	case ss.ackKick <- struct{}{}:
+	default:
 	}
 }
 
@@ -539,15 +592,25 @@ func (ss *session) writeLoop() {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	missed := 0
+	var ackedSeq uint64 // the last ack written
 	for {
 		select {
 		case <-ss.ctx.Done():
 			return
-		case b := <-ss.out:
+		case <-ss.ackKick:
+			seq := ss.ackSeq.Load()
+			if seq == ackedSeq {
+				continue
+			}
+			b, err := frame(protocol.FrameAck, protocol.Ack{Seq: seq})
+			if err != nil {
+				continue
+			}
 			if err := ss.write(b); err != nil {
 				ss.drop()
 				return
 			}
+			ackedSeq = seq
 		case <-ss.specKick:
 			if ss.upgradeOnly {
 				continue

@@ -24,6 +24,7 @@ const MaxClockSkew = time.Minute
 // EventStore is what Events writes.
 type EventStore interface {
 	RecordBoot(ctx context.Context, site, mac, stage string, ev store.MachineEvent) (string, error)
+	RecordBoots(ctx context.Context, site string, steps []store.BootStep) ([]string, error)
 	AddBootNonce(ctx context.Context, n store.BootNonce) (bool, error)
 	FindMachineByMAC(ctx context.Context, mac string) (store.Machine, error)
 	AddMachineEvent(ctx context.Context, e store.MachineEvent) error
@@ -70,16 +71,78 @@ func (e *Events) Event(ctx context.Context, node store.Node, ev protocol.Event) 
 	return ev, nil
 }
 
+// Events is Event for a batch of node's events, in order, with the boot steps
+// among them recorded in one transaction.
+func (e *Events) Events(ctx context.Context, node store.Node, evs []protocol.Event) ([]protocol.Event, error) {
+	out := append([]protocol.Event(nil), evs...)
+	if node.Role != protocol.RoleSite {
+		return out, nil
+	}
+	var steps []store.BootStep
+	record := func() error {
+		if len(steps) == 0 {
+			return nil
+		}
+		ids, err := e.Store.RecordBoots(ctx, node.Site, steps)
+		if err != nil {
+			return err
+		}
+		for i, id := range ids {
+			e.logBoot(node, steps[i], id)
+		}
+		steps = steps[:0]
+		return nil
+	}
+	for i, ev := range out {
+		if ev.Kind == protocol.EventMachineBooted {
+			if st, ok := e.bootStep(node, ev); ok {
+				steps = append(steps, st)
+			}
+			continue
+		}
+		// What is not a boot step keeps its place after the steps before it.
+		if err := record(); err != nil {
+			return nil, err
+		}
+		got, err := e.Event(ctx, node, ev)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = got
+	}
+	if err := record(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (e *Events) booted(ctx context.Context, node store.Node, ev protocol.Event) error {
+	st, ok := e.bootStep(node, ev)
+	if !ok {
+		return nil
+	}
+	id, err := e.Store.RecordBoot(ctx, node.Site, st.MAC, st.Stage, st.Event)
+	if errors.Is(err, store.ErrNotFound) {
+		id, err = "", nil
+	}
+	if err == nil {
+		e.logBoot(node, st, id)
+	}
+	return err
+}
+
+// bootStep reads a machine.booted event; false for one that is malformed, after a
+// warning.
+func (e *Events) bootStep(node store.Node, ev protocol.Event) (store.BootStep, bool) {
 	var b protocol.MachineBooted
 	if err := json.Unmarshal(ev.Data, &b); err != nil {
 		e.log().Warn("machine.booted: ignoring malformed data", "node", node.ID, "err", err)
-		return nil
+		return store.BootStep{}, false
 	}
 	mac, err := protocol.NormalizeMAC(b.MAC)
 	if err != nil || !validStage(b.Stage) {
 		e.log().Warn("machine.booted: ignoring an event without a MAC and stage", "node", node.ID, "mac", human.Short(b.MAC), "stage", human.Short(b.Stage))
-		return nil
+		return store.BootStep{}, false
 	}
 	at := b.Time
 	if at.IsZero() {
@@ -96,16 +159,17 @@ func (e *Events) booted(ctx context.Context, node store.Node, ev protocol.Event)
 		msg += " to " + human.Short(b.IP)
 	}
 	msg += " (" + mac + ")"
-	id, err := e.Store.RecordBoot(ctx, node.Site, mac, b.Stage, store.MachineEvent{Time: at, Kind: protocol.EventMachineBooted,
-		Message: msg, NodeID: node.ID, Data: ev.Data})
-	if errors.Is(err, store.ErrNotFound) {
-		e.log().Debug("machine.booted for a MAC that is no machine of the site", "node", node.ID, "site", node.Site, "mac", mac)
-		return nil
+	return store.BootStep{MAC: mac, Stage: b.Stage, Event: store.MachineEvent{Time: at, Kind: protocol.EventMachineBooted,
+		Message: msg, NodeID: node.ID, Data: ev.Data}}, true
+}
+
+// logBoot logs a recorded boot step; id is "" when no machine of the site has the MAC.
+func (e *Events) logBoot(node store.Node, st store.BootStep, id string) {
+	if id == "" {
+		e.log().Debug("machine.booted for a MAC that is no machine of the site", "node", node.ID, "site", node.Site, "mac", st.MAC)
+		return
 	}
-	if err == nil {
-		e.log().Info("machine booted", "machine", id, "mac", mac, "stage", b.Stage, "site", node.Site)
-	}
-	return err
+	e.log().Info("machine booted", "machine", id, "mac", st.MAC, "stage", st.Stage, "site", node.Site)
 }
 
 func validStage(s string) bool {

@@ -285,6 +285,10 @@ type Machines interface {
 	// timeline. It returns the machine's id, or ErrNotFound when no machine
 	// of the site has the MAC.
 	RecordBoot(ctx context.Context, site, mac, stage string, ev MachineEvent) (string, error)
+	// RecordBoots is RecordBoot for many steps of site in one transaction (a
+	// storm's events arrive in batches). ids[i] is step i's machine, "" when no
+	// machine of the site has its MAC; an error stores none of them.
+	RecordBoots(ctx context.Context, site string, steps []BootStep) (ids []string, err error)
 	AddMachineEvent(ctx context.Context, e MachineEvent) error
 	// MachineEvents returns the latest limit events of a machine, oldest
 	// first.
@@ -323,4 +327,11 @@ type BootNonces interface {
 	// fails with ErrNonceClaimed when another CSR holds the nonce and
 	// ErrNonceUsed when it was consumed.
 	DeferBootNonce(ctx context.Context, h token.Hash, csrSHA256 string, at time.Time) (bool, error)
+}
+
+// BootStep is one boot step a site agent reported: RecordBoots's unit.
+type BootStep struct {
+	MAC, Stage string
+	// Event goes on the machine's timeline; its MachineID is filled in.
+	Event MachineEvent
 }

@@ -304,6 +304,8 @@ type Sessions interface {
 	GetSession(ctx context.Context, id int64) (Session, error)
 	// AddEvent stores an event.
 	AddEvent(ctx context.Context, e Event) error
+	// AddEvents stores events in one transaction: all or none.
+	AddEvents(ctx context.Context, es []Event) error
 }
 
 // Commands holds commands and their statuses.

@@ -308,28 +308,81 @@ func adoptBindings(ctx context.Context, tx *sql.Tx, id string, ch store.StatusCh
 	return store.ErrConflict
 }
 
-func (s *sqliteStore) RecordBoot(ctx context.Context, site, mac, stage string, ev store.MachineEvent) (string, error) {
-	var id string
+const (
+	selectMachineByMAC = `SELECT m.id FROM machines m JOIN machine_macs a ON a.machine_id = m.id
+		WHERE a.mac = ? AND m.site = ?`
+	updateLastBoot = `UPDATE machines SET last_boot_stage = ?, last_boot_at = ?
+		WHERE id = ? AND (last_boot_at IS NULL OR last_boot_at <= ?)`
+)
+
+func (s *sqliteStore) RecordBoots(ctx context.Context, site string, steps []store.BootStep) ([]string, error) {
+	ids := make([]string, len(steps))
+	if len(steps) == 0 {
+		return ids, nil
+	}
 	err := s.tx(ctx, func(tx *sql.Tx) error {
-		err := tx.QueryRowContext(ctx, `SELECT m.id FROM machines m JOIN machine_macs a ON a.machine_id = m.id
-			WHERE a.mac = ? AND m.site = ?`, mac, site).Scan(&id)
+		sel, err := s.wstmt(ctx, tx, selectMachineByMAC)
 		if err != nil {
 			return err
 		}
+		for i, st := range steps {
+			ids[i] = ""
+			var id string
+			switch err := sel.QueryRowContext(ctx, st.MAC, site).Scan(&id); {
+			case errors.Is(err, sql.ErrNoRows):
+				continue
+			case err != nil:
+				return err
+			}
+			if _, err := s.execw(ctx, tx, updateLastBoot, st.Stage, ms(st.Event.Time), id, ms(st.Event.Time)); err != nil {
+				return err
+			}
+			ev := st.Event
+			ev.MachineID = id
+			if _, err := s.execw(ctx, tx, insertMachineEvent, machineEventArgs(ev)...); err != nil {
+				return err
+			}
+			ids[i] = id
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, wrap("record boots", err)
+	}
+	return ids, nil
+}
+
+func (s *sqliteStore) RecordBoot(ctx context.Context, site, mac, stage string, ev store.MachineEvent) (string, error) {
+	var id string
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		// Prepared once: a storm sends this for every machine and stage.
+		sel, err := s.wstmt(ctx, tx, selectMachineByMAC)
+		if err != nil {
+			return err
+		}
+		if err := sel.QueryRowContext(ctx, mac, site).Scan(&id); err != nil {
+			return err
+		}
 		// A late replay of an older step does not move the last boot back.
-		if _, err := tx.ExecContext(ctx, `UPDATE machines SET last_boot_stage = ?, last_boot_at = ?
-			WHERE id = ? AND (last_boot_at IS NULL OR last_boot_at <= ?)`, stage, ms(ev.Time), id, ms(ev.Time)); err != nil {
+		if _, err := s.execw(ctx, tx, updateLastBoot, stage, ms(ev.Time), id, ms(ev.Time)); err != nil {
 			return err
 		}
 		ev.MachineID = id
-		return addMachineEvent(ctx, tx, ev)
+		_, err = s.execw(ctx, tx, insertMachineEvent, machineEventArgs(ev)...)
+		return err
 	})
 	return id, wrap("record boot of "+mac, err)
 }
 
+const insertMachineEvent = `INSERT INTO machine_events (machine_id, time, kind, message, node_id, command_id, data)
+	VALUES (?, ?, ?, ?, ?, ?, ?)`
+
+func machineEventArgs(e store.MachineEvent) []any {
+	return []any{e.MachineID, e.Time.UnixMilli(), e.Kind, e.Message, e.NodeID, e.CommandID, nullJSON(e.Data)}
+}
+
 func addMachineEvent(ctx context.Context, tx *sql.Tx, e store.MachineEvent) error {
-	_, err := tx.ExecContext(ctx, `INSERT INTO machine_events (machine_id, time, kind, message, node_id, command_id, data)
-		VALUES (?, ?, ?, ?, ?, ?, ?)`, e.MachineID, e.Time.UnixMilli(), e.Kind, e.Message, e.NodeID, e.CommandID, nullJSON(e.Data))
+	_, err := tx.ExecContext(ctx, insertMachineEvent, machineEventArgs(e)...)
 	return err
 }
 

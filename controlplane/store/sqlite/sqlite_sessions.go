@@ -64,13 +64,36 @@ func (s *sqliteStore) GetSession(ctx context.Context, id int64) (store.Session, 
 	return se, wrap("session", err)
 }
 
-func (s *sqliteStore) AddEvent(ctx context.Context, e store.Event) error {
+const insertEvent = `INSERT INTO events (node_id, session_id, seq, kind, time, level, message, data, received_at)
+	VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`
+
+func eventArgs(e store.Event) []any {
 	var session any
 	if e.SessionID != 0 {
 		session = e.SessionID
 	}
-	_, err := s.w.ExecContext(ctx, `INSERT INTO events (node_id, session_id, seq, kind, time, level, message, data, received_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		e.NodeID, session, int64(e.Seq), e.Kind, e.Time.UnixMilli(), e.Level, e.Message, nullJSON(e.Data), ms(e.ReceivedAt))
+	return []any{e.NodeID, session, int64(e.Seq), e.Kind, e.Time.UnixMilli(), e.Level, e.Message, nullJSON(e.Data), ms(e.ReceivedAt)}
+}
+
+func (s *sqliteStore) AddEvent(ctx context.Context, e store.Event) error {
+	_, err := s.execw(ctx, nil, insertEvent, eventArgs(e)...)
 	return wrap("add event", err)
+}
+
+func (s *sqliteStore) AddEvents(ctx context.Context, es []store.Event) error {
+	if len(es) == 0 {
+		return nil
+	}
+	return wrap("add events", s.tx(ctx, func(tx *sql.Tx) error {
+		ins, err := s.wstmt(ctx, tx, insertEvent)
+		if err != nil {
+			return err
+		}
+		for _, e := range es {
+			if _, err := ins.ExecContext(ctx, eventArgs(e)...); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
 }

@@ -267,3 +267,66 @@ func testCommandsOnTheMachineTimeline(t *testing.T, s store.Store) {
 		t.Errorf("last event %+v", last)
 	}
 }
+
+// testRecordBoots: a batch of boot steps is RecordBoot for each, in one call; a
+// MAC of no machine of the site gets "" and takes nothing else down.
+func testRecordBoots(t *testing.T, s store.Store) {
+	for _, name := range []string{"fsn1", "ams1"} {
+		if err := s.CreateSite(ctx, store.Site{Name: name, CreatedAt: time.Now()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := newMachine("m_a", "fsn1", "52:54:00:00:00:01", "52:54:00:00:00:02")
+	b := newMachine("m_b", "fsn1", "52:54:00:00:00:03")
+	c := newMachine("m_c", "ams1", "52:54:00:00:00:04")
+	for _, m := range []store.Machine{a, b, c} {
+		if err := s.CreateMachine(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	at := time.Now()
+	step := func(mac, stage string, d time.Duration) store.BootStep {
+		return store.BootStep{MAC: mac, Stage: stage, Event: store.MachineEvent{Time: at.Add(d), Kind: protocol.EventMachineBooted, Message: stage + " " + mac}}
+	}
+	ids, err := s.RecordBoots(ctx, "fsn1", []store.BootStep{
+		step("52:54:00:00:00:01", "dhcp", 0),
+		step("52:54:00:00:00:09", "dhcp", 0), // no machine
+		step("52:54:00:00:00:04", "dhcp", 0), // a machine of another site
+		step("52:54:00:00:00:02", "tftp", time.Second),
+		step("52:54:00:00:00:03", "dhcp", 0),
+		step("52:54:00:00:00:01", "pxe", -time.Minute), // an older step replayed late
+	})
+	if err != nil || strings.Join(ids, ",") != "m_a,,,m_a,m_b,m_a" {
+		t.Fatalf("RecordBoots = %q, %v", ids, err)
+	}
+	if got, _ := s.GetMachine(ctx, "m_a"); got.LastBootStage != "tftp" || got.LastBootAt.UnixMilli() != at.Add(time.Second).UnixMilli() {
+		t.Errorf("m_a last boot %s at %v, want tftp", got.LastBootStage, got.LastBootAt)
+	}
+	if got, _ := s.GetMachine(ctx, "m_c"); got.LastBootStage != "" {
+		t.Errorf("a step reported by another site moved m_c to %q", got.LastBootStage)
+	}
+	var booted []string
+	evs, _ := s.MachineEvents(ctx, "m_a", 0)
+	for _, ev := range evs {
+		if ev.Kind == protocol.EventMachineBooted {
+			booted = append(booted, ev.Message)
+		}
+	}
+	if strings.Join(booted, ",") != "dhcp 52:54:00:00:00:01,tftp 52:54:00:00:00:02,pxe 52:54:00:00:00:01" {
+		t.Errorf("m_a's timeline %q", booted)
+	}
+	if ids, err := s.RecordBoots(ctx, "fsn1", nil); err != nil || len(ids) != 0 {
+		t.Errorf("no steps: %q %v", ids, err)
+	}
+	// Events in a batch, and an empty batch.
+	now := time.Now()
+	if err := s.AddEvents(ctx, []store.Event{
+		{NodeID: "n_site", Seq: 1, Kind: protocol.EventMachineBooted, Time: now, Message: "dhcp", ReceivedAt: now},
+		{NodeID: "n_site", Seq: 2, Kind: protocol.EventMachineBooted, Time: now, Message: "pxe", ReceivedAt: now},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddEvents(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -37,6 +37,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"SessionsAndCommands", testSessionsAndCommands},
 		{"OperatorToken", testOperatorToken},
 		{"Machines", testMachines},
+		{"RecordBoots", testRecordBoots},
 		{"SiteProxy", testSiteProxy},
 		{"BootNonces", testBootNonces},
 		{"CommandsOnTheMachineTimeline", testCommandsOnTheMachineTimeline},

@@ -200,6 +200,16 @@ func (h eventHandler) Event(ctx context.Context, node store.Node, ev protocol.Ev
 	return out, err
 }
 
+func (h eventHandler) Events(ctx context.Context, node store.Node, evs []protocol.Event) ([]protocol.Event, error) {
+	out, err := h.next.Events(ctx, node, evs)
+	if err == nil {
+		for _, ev := range evs {
+			h.m.events.WithLabelValues(known(ev.Kind, events)).Inc()
+		}
+	}
+	return out, err
+}
+
 var _ lifecycle.DeployObserver = (*Metrics)(nil)
 
 // DeploymentFinished is lifecycle.DeployObserver's.
