@@ -31,6 +31,8 @@ import (
 // bench's namespace) speaks to the coordinator in lines: it writes one JSON
 // loadgenEvent per line to stdout and reads commands from stdin.
 const (
+	cmdTokens  = "tokens"  // create the join tokens
+	cmdJoin    = "join"    // join the nodes, load their identities, open their journals
 	cmdConnect = "connect" // open every node's session
 	cmdStats   = "stats"   // answer with a stats event
 	cmdExit    = "exit"    // end the sessions and exit (so does EOF)
@@ -44,11 +46,9 @@ type loadgenEvent struct {
 	N     int    `json:"n,omitempty"`
 	// Seconds is how long the phase took.
 	Seconds float64 `json:"seconds,omitempty"`
-	// Latencies of one operation of the phase (a join; a session's first
-	// dial to its Welcome), in ms.
-	P50 float64 `json:"p50_ms,omitempty"`
-	P99 float64 `json:"p99_ms,omitempty"`
-	Max float64 `json:"max_ms,omitempty"`
+	// Latencies are each operation's of the phase (a join; a session's
+	// first dial to its Welcome), in ms.
+	Latencies []float64 `json:"latencies_ms,omitempty"`
 	// Warnings is what the phase's agent code logged at warn or above (a
 	// join retried, a session's connection ended or failed).
 	Warnings int64          `json:"warnings,omitempty"`
@@ -111,15 +111,18 @@ func (h warnCounter) lastText() string {
 
 type loadgenOptions struct {
 	api, pki, tokenFile, config, site, dir string
-	n, joinWorkers, connectWorkers         int
+	// first is the index of this load generator's first node: several share
+	// the nodes when one process may not open enough files for all.
+	first, n, joinWorkers, connectWorkers int
 }
 
-// RunLoadgen is sessionbench loadgen: it creates Sessions join tokens over
-// the operator api, joins that many nodes with bcd join's code (join.Run,
-// attestor join-token, one data directory each), loads their identities
-// and opens their journals as bcd node does, and on the coordinator's
-// "connect" runs an agent.Session for each, the client bcd node runs. It
-// must run where the api and gateway are reachable (the bench's namespace).
+// RunLoadgen is sessionbench loadgen. Each step waits for the coordinator's
+// command: "tokens" creates -sessions join tokens over the operator api;
+// "join" joins that many nodes with bcd join's code (join.Run, attestor
+// join-token, one data directory each), then loads their identities and
+// opens their journals as bcd node does; "connect" runs an agent.Session for
+// each, the client bcd node runs. It must run where the api and gateway are
+// reachable (the bench's namespace).
 func RunLoadgen(ctx context.Context, args []string, stdin io.Reader, stdout io.Writer) error {
 	var o loadgenOptions
 	fs := flag.NewFlagSet("sessionbench loadgen", flag.ContinueOnError)
@@ -130,6 +133,7 @@ func RunLoadgen(ctx context.Context, args []string, stdin io.Reader, stdout io.W
 	fs.StringVar(&o.site, "site", "", "the site the tokens are for")
 	fs.StringVar(&o.dir, "dir", "", "where the nodes' data directories go")
 	fs.IntVar(&o.n, "sessions", 0, "nodes to join and sessions to hold")
+	fs.IntVar(&o.first, "first", 0, "the index of the first node (node directories and claims are numbered from it)")
 	fs.IntVar(&o.joinWorkers, "join-workers", 8, "token creations and joins in flight")
 	fs.IntVar(&o.connectWorkers, "connect-workers", 100, "sessions dialled at once (each slot is freed by its Welcome)")
 	if err := fs.Parse(args); err != nil {
@@ -160,8 +164,20 @@ type node struct {
 }
 
 func loadgen(ctx context.Context, o loadgenOptions, in *bufio.Scanner, emit func(loadgenEvent)) error {
+	expect := func(cmd string) error {
+		if !in.Scan() || in.Text() != cmd {
+			return fmt.Errorf("expected %q on stdin, got %q (%v)", cmd, in.Text(), in.Err())
+		}
+		return nil
+	}
+	if err := expect(cmdTokens); err != nil {
+		return err
+	}
 	tokens, err := createTokens(ctx, o, emit)
 	if err != nil {
+		return err
+	}
+	if err := expect(cmdJoin); err != nil {
 		return err
 	}
 	if err := joinNodes(ctx, o, tokens, emit); err != nil {
@@ -178,8 +194,8 @@ func loadgen(ctx context.Context, o loadgenOptions, in *bufio.Scanner, emit func
 	if err != nil {
 		return err
 	}
-	if !in.Scan() || in.Text() != cmdConnect {
-		return fmt.Errorf("expected %q on stdin, got %q (%v)", cmdConnect, in.Text(), in.Err())
+	if err := expect(cmdConnect); err != nil {
+		return err
 	}
 	return holdSessions(ctx, o, nodes, in, emit)
 }
@@ -217,7 +233,7 @@ func createTokens(ctx context.Context, o loadgenOptions, emit func(loadgenEvent)
 }
 
 func (o loadgenOptions) nodeDir(i int) string {
-	return filepath.Join(o.dir, fmt.Sprintf("node-%05d", i))
+	return filepath.Join(o.dir, fmt.Sprintf("node-%05d", o.first+i))
 }
 
 // joinNodes runs bcd join's code for each node: config.toml shared, a data
@@ -237,7 +253,7 @@ func joinNodes(ctx context.Context, o loadgenOptions, tokens []string, emit func
 				return ""
 			},
 			Stdin: strings.NewReader(""), IsRoot: func() bool { return false },
-			Claims: func(context.Context) protocol.Claims { return benchClaims(i) },
+			Claims: func(context.Context) protocol.Claims { return benchClaims(o.first + i) },
 			Logger: slog.New(warn),
 		})
 		if err != nil {
@@ -249,9 +265,7 @@ func joinNodes(ctx context.Context, o loadgenOptions, tokens []string, emit func
 	if err != nil {
 		return err
 	}
-	e := latencies(lat)
-	e.Event, e.N, e.Seconds, e.Warnings = "joined", o.n, time.Since(start).Seconds(), warn.n.Load()
-	emit(e)
+	emit(loadgenEvent{Event: "joined", N: o.n, Seconds: time.Since(start).Seconds(), Latencies: millis(lat), Warnings: warn.n.Load()})
 	return nil
 }
 
@@ -342,7 +356,7 @@ func holdSessions(ctx context.Context, o loadgenOptions, nodes []node, in *bufio
 						close(all)
 					}
 				},
-				Claims: ptr(benchClaims(i)), BootID: fmt.Sprintf("5e55b007-0000-4000-8000-%012x", i),
+				Claims: ptr(benchClaims(o.first + i)), BootID: fmt.Sprintf("5e55b007-0000-4000-8000-%012x", o.first+i),
 				Logger: logger,
 			}
 			sessions[i] = s
@@ -366,9 +380,7 @@ wait:
 			emit(loadgenEvent{Event: "progress", N: int(welcomed.Load()), Warnings: warn.n.Load()})
 		}
 	}
-	e := latencies(lat)
-	e.Event, e.N, e.Seconds, e.Warnings = "welcomed", len(nodes), time.Since(start).Seconds(), warn.n.Load()
-	emit(e)
+	emit(loadgenEvent{Event: "welcomed", N: len(nodes), Seconds: time.Since(start).Seconds(), Latencies: millis(lat), Warnings: warn.n.Load()})
 
 	counts := func() *sessionCounts {
 		sc := &sessionCounts{Started: len(nodes), Welcomed: int(welcomed.Load()), Welcomes: welcomes.Load(),
@@ -403,16 +415,24 @@ commands:
 
 func ptr[T any](v T) *T { return &v }
 
-// latencies are the p50, p99 and max of ds, in ms, in an event.
-func latencies(ds []time.Duration) loadgenEvent {
-	s := slices.Clone(ds)
+// millis are ds in ms, to a tenth.
+func millis(ds []time.Duration) []float64 {
+	out := make([]float64, len(ds))
+	for i, d := range ds {
+		out[i] = float64(d/(100*time.Microsecond)) / 10
+	}
+	return out
+}
+
+// quantiles are the p50, p99 and max of ms.
+func quantiles(ms []float64) (p50, p99, max float64) {
+	s := slices.Clone(ms)
 	slices.Sort(s)
 	if len(s) == 0 {
-		return loadgenEvent{}
+		return 0, 0, 0
 	}
-	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-	q := func(p float64) float64 { return ms(s[min(len(s)-1, int(p*float64(len(s))))]) }
-	return loadgenEvent{P50: q(0.50), P99: q(0.99), Max: ms(s[len(s)-1])}
+	q := func(p float64) float64 { return s[min(len(s)-1, int(p*float64(len(s))))] }
+	return q(0.50), q(0.99), s[len(s)-1]
 }
 
 // parallel runs fn(0) … fn(n-1), workers at a time, and returns the first

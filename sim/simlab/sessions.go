@@ -61,8 +61,13 @@ type SessionBench struct {
 	BetterCompute, Loadgen string
 	Sessions               int
 	// JoinWorkers are the token creations and joins in flight (default 8);
-	// ConnectWorkers the sessions dialling at once (default 100).
+	// ConnectWorkers the sessions dialling at once (default 100), both
+	// split among the load generators.
 	JoinWorkers, ConnectWorkers int
+	// Loadgens is how many load generator processes share the nodes; 0
+	// means as few as RLIMIT_NOFILE allows (a socket and a journal per
+	// session each).
+	Loadgens int
 	// Settle is the wait after serve's restart before its baseline (default
 	// 10 s); Quiet the wait after the last Welcome before the window (default
 	// 20 s); Steady the window (default 60 s).
@@ -78,11 +83,8 @@ type SessionBench struct {
 	serves  int
 	pki     string
 	opToken string
-	lg      *exec.Cmd
-	lgIn    io.WriteCloser
-	lgEv    chan loadgenEvent
-	lgDone  chan struct{}
-	lgLog   string
+	lgs     []*loadgenProc
+	lgEv    chan lgEvent
 }
 
 // ProcSample is a process as /proc and its metrics show it at one moment.
@@ -102,12 +104,17 @@ type ProcSample struct {
 
 // SessionResult is what SessionBench measured.
 type SessionResult struct {
-	Sessions, JoinWorkers, ConnectWorkers int
+	Sessions, JoinWorkers, ConnectWorkers, Loadgens int
+	// Nofile is RLIMIT_NOFILE as serve and the load generators got it;
+	// NofileRaised says the hard limit could be raised to it.
+	Nofile       uint64
+	NofileRaised bool
 	// Header lines: versions, host, load.
 	GoVersion, BenchGo, Commit, Kernel, CPUModel string
 	CPUs                                         int
 	LoadBefore, LoadAfter                        string
-	NofileServe                                  string
+	// NofileServe is serve's "Max open files" (/proc/PID/limits).
+	NofileServe string
 	// Step 1.
 	Tokens, Joins, Prepare time.Duration
 	JoinP50, JoinP99       float64 // ms
@@ -184,7 +191,7 @@ func (b *SessionBench) defaults() {
 func (b *SessionBench) Run(ctx context.Context) (r *SessionResult, err error) {
 	b.defaults()
 	if b.Sessions <= 0 {
-		return nil, errors.New("sessionbench: Sessions must be positive")
+		return nil, errors.New("simlab: SessionBench.Sessions must be positive")
 	}
 	r = &SessionResult{Sessions: b.Sessions, JoinWorkers: b.JoinWorkers, ConnectWorkers: b.ConnectWorkers, Quiet: b.Quiet,
 		BenchGo: runtime.Version(), CPUs: runtime.NumCPU(), Kernel: readTrim("/proc/sys/kernel/osrelease"),
@@ -193,10 +200,7 @@ func (b *SessionBench) Run(ctx context.Context) (r *SessionResult, err error) {
 		r.GoVersion = bi.GoVersion
 	}
 	defer b.close()
-	// Each session is a socket in serve and one, with its journal, in the
-	// load generator: raise the limit both inherit (Go raises its soft
-	// limit to the hard one at start).
-	if err := raiseNofile(uint64(4*b.Sessions + 8192)); err != nil {
+	if err := b.planFiles(r); err != nil {
 		return nil, err
 	}
 	for _, d := range []string{"logs", "nodes", "etc"} {
@@ -215,7 +219,7 @@ func (b *SessionBench) Run(ctx context.Context) (r *SessionResult, err error) {
 	b.pki = filepath.Join(b.Dir, "pki")
 	b.opToken = filepath.Join(b.Dir, "operator-token")
 	if out, err := exec.Command(b.BetterCompute, "pki", "init", b.pki).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("sessionbench: pki init: %v: %s", err, out)
+		return nil, fmt.Errorf("simlab: pki init: %v: %s", err, out)
 	}
 	if err := b.startServe(ctx); err != nil {
 		return nil, err
@@ -228,26 +232,31 @@ func (b *SessionBench) Run(ctx context.Context) (r *SessionResult, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := b.startLoadgen(cfg); err != nil {
+	if err := b.startLoadgens(cfg, r.Loadgens); err != nil {
 		return nil, err
 	}
 
-	// 1. Tokens and joins.
-	e, err := b.wait(ctx, "tokens")
+	// 1. Tokens and joins, each step started in every load generator at once
+	// and timed here.
+	t0 := time.Now()
+	if _, err := b.step(ctx, cmdTokens, "tokens"); err != nil {
+		return nil, err
+	}
+	r.Tokens = time.Since(t0)
+	b.logf("%d tokens created in %s", b.Sessions, r.Tokens.Round(time.Millisecond))
+	t0 = time.Now()
+	es, err := b.step(ctx, cmdJoin, "joined")
 	if err != nil {
 		return nil, err
 	}
-	r.Tokens = secs(e.Seconds)
-	b.logf("%d tokens created in %s", b.Sessions, r.Tokens.Round(time.Millisecond))
-	if e, err = b.wait(ctx, "joined"); err != nil {
-		return nil, err
-	}
-	r.Joins, r.JoinP50, r.JoinP99, r.JoinMax, r.JoinWarnings = secs(e.Seconds), e.P50, e.P99, e.Max, e.Warnings
+	r.Joins = time.Since(t0)
+	r.JoinP50, r.JoinP99, r.JoinMax, r.JoinWarnings = merged(es)
 	b.logf("%d nodes joined in %s", b.Sessions, r.Joins.Round(time.Millisecond))
-	if e, err = b.wait(ctx, "prepared"); err != nil {
+	t0 = time.Now()
+	if _, err := b.waitAll(ctx, "prepared"); err != nil {
 		return nil, err
 	}
-	r.Prepare = secs(e.Seconds)
+	r.Prepare = time.Since(t0)
 	r.ServeAfterJoins = b.sample(b.serve.PID(), true)
 
 	// 2. A fresh serve on the same data.
@@ -262,18 +271,17 @@ func (b *SessionBench) Run(ctx context.Context) (r *SessionResult, err error) {
 	b.logf("serve restarted: RSS %s before the sessions", mib(r.ServeBefore.RSS))
 
 	// 3. Every session dialled and welcomed.
-	if _, err := io.WriteString(b.lgIn, cmdConnect+"\n"); err != nil {
-		return nil, fmt.Errorf("sessionbench: load generator: %w", err)
-	}
 	cctx, cancel := context.WithTimeout(ctx, b.ConnectTimeout)
-	e, err = b.wait(cctx, "welcomed")
+	t0 = time.Now()
+	es, err = b.step(cctx, cmdConnect, "welcomed")
 	cancel()
 	if err != nil {
 		return nil, err
 	}
-	r.Connect, r.ConnectP50, r.ConnectP99, r.ConnectMax, r.ConnectWarnings = secs(e.Seconds), e.P50, e.P99, e.Max, e.Warnings
+	r.Connect = time.Since(t0)
+	r.ConnectP50, r.ConnectP99, r.ConnectMax, r.ConnectWarnings = merged(es)
 	r.ServeWelcomed = b.sample(b.serve.PID(), true)
-	r.LoadgenWelcomed = b.sample(b.lg.Process.Pid, false)
+	r.LoadgenWelcomed = b.sampleLoadgens()
 	b.logf("%d sessions welcomed in %s; serve RSS %s", b.Sessions, r.Connect.Round(time.Millisecond), mib(r.ServeWelcomed.RSS))
 	// The gateway counts a session once its Welcome is written; the agent
 	// may read it first.
@@ -291,9 +299,9 @@ func (b *SessionBench) Run(ctx context.Context) (r *SessionResult, err error) {
 	}
 	closesStart := countLog(b.serve.Log, `"msg":"session closed"`)
 	r.ServeWindowStart = b.sample(b.serve.PID(), true)
-	r.LoadgenWindowStart = b.sample(b.lg.Process.Pid, false)
+	r.LoadgenWindowStart = b.sampleLoadgens()
 	segStart, serr := tcpOutSegs(b.serve.PID())
-	t0 := time.Now()
+	t0 = time.Now()
 	b.logf("steady window: %s", b.Steady)
 	if !sleep(ctx, b.Steady) {
 		return nil, ctx.Err()
@@ -301,7 +309,7 @@ func (b *SessionBench) Run(ctx context.Context) (r *SessionResult, err error) {
 	segEnd, eerr := tcpOutSegs(b.serve.PID())
 	r.Window = time.Since(t0)
 	r.ServeWindowEnd = b.sample(b.serve.PID(), true)
-	r.LoadgenEnd = b.sample(b.lg.Process.Pid, false)
+	r.LoadgenEnd = b.sampleLoadgens()
 	if serr == nil && eerr == nil {
 		r.TCPSegments = segEnd - segStart
 	}
@@ -313,6 +321,44 @@ func (b *SessionBench) Run(ctx context.Context) (r *SessionResult, err error) {
 	r.LoadAfter = loadavg()
 	r.check()
 	return r, nil
+}
+
+// planFiles raises RLIMIT_NOFILE, which serve and the load generators
+// inherit (Go raises its soft limit to the hard one at start), and splits
+// the sessions among as few load generators as it allows: serve holds a
+// socket per session, a load generator a socket and a journal.
+func (b *SessionBench) planFiles(r *SessionResult) error {
+	limit, raised, err := raiseNofile(uint64(4*b.Sessions + 8192))
+	if err != nil {
+		return err
+	}
+	r.Nofile, r.NofileRaised = limit, raised
+	const spare = 512
+	if limit < uint64(b.Sessions+spare) {
+		return fmt.Errorf("simlab: serve needs %d open files for %d sessions, and RLIMIT_NOFILE is %d (raising it takes root with CAP_SYS_RESOURCE)",
+			b.Sessions+spare, b.Sessions, limit)
+	}
+	per := int(limit-spare) / 2
+	r.Loadgens = b.Loadgens
+	if r.Loadgens <= 0 {
+		r.Loadgens = (b.Sessions + per - 1) / per
+	}
+	if (b.Sessions+r.Loadgens-1)/r.Loadgens > per {
+		return fmt.Errorf("simlab: %d load generators for %d sessions: each may open %d files (RLIMIT_NOFILE), 2 per session", r.Loadgens, b.Sessions, limit)
+	}
+	return nil
+}
+
+// merged are the p50, p99 and max of every load generator's latencies of a
+// step, and their warnings.
+func merged(es []loadgenEvent) (p50, p99, max float64, warnings int64) {
+	var all []float64
+	for _, e := range es {
+		all = append(all, e.Latencies...)
+		warnings += e.Warnings
+	}
+	p50, p99, max = quantiles(all)
+	return p50, p99, max, warnings
 }
 
 // check fills in Failures.
@@ -382,7 +428,7 @@ func (b *SessionBench) startServe(ctx context.Context) error {
 		_, err := b.bc("sites", "list")
 		return err == nil
 	}); err != nil {
-		return fmt.Errorf("sessionbench: better-compute serve did not start: %w\n%s", err, b.serve.Tail(30))
+		return fmt.Errorf("simlab: better-compute serve did not start: %w\n%s", err, b.serve.Tail(30))
 	}
 	b.logf("serve: api https://%s, gateway https://%s (pid %d)", sbAPI, sbGateway, b.serve.PID())
 	return nil
@@ -393,7 +439,7 @@ func (b *SessionBench) startServe(ctx context.Context) error {
 func (b *SessionBench) writeNodeConfig() (string, error) {
 	pins, err := exec.Command(b.BetterCompute, "pki", "pins", b.pki).Output()
 	if err != nil {
-		return "", fmt.Errorf("sessionbench: pki pins: %w", err)
+		return "", fmt.Errorf("simlab: pki pins: %w", err)
 	}
 	path := filepath.Join(b.Dir, "etc", "config.toml")
 	cfg := fmt.Sprintf("gateway_url = \"https://%s\"\nsite = %q\n%s", sbGateway, sbSite, pins)
@@ -403,85 +449,166 @@ func (b *SessionBench) writeNodeConfig() (string, error) {
 	return path, copyFile(filepath.Join(b.pki, "join-encryption.jwk"), filepath.Join(b.Dir, "etc", "join-encryption.jwk"))
 }
 
-// startLoadgen starts sessionbench loadgen in the namespace, its events read
-// into lgEv and its stderr in logs/loadgen.log.
-func (b *SessionBench) startLoadgen(cfg string) error {
-	b.lgLog = filepath.Join(b.Dir, "logs", "loadgen.log")
-	logf, err := os.Create(b.lgLog)
+// loadgenProc is one sessionbench loadgen process.
+type loadgenProc struct {
+	cmd  *exec.Cmd
+	in   io.WriteCloser
+	done chan struct{}
+	log  string
+}
+
+// lgEvent is an event of load generator k; closed says its stdout ended.
+type lgEvent struct {
+	k      int
+	e      loadgenEvent
+	closed bool
+}
+
+// startLoadgens starts k sessionbench loadgen processes in the namespace,
+// the nodes and the workers split among them, their events read into lgEv
+// and their stderr in logs/loadgen-K.log.
+func (b *SessionBench) startLoadgens(cfg string, k int) error {
+	b.lgEv = make(chan lgEvent, 16*k)
+	for i := 0; i < k; i++ {
+		first, next := i*b.Sessions/k, (i+1)*b.Sessions/k
+		if err := b.startLoadgen(cfg, i, first, next-first, (b.JoinWorkers+k-1)/k, (b.ConnectWorkers+k-1)/k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (b *SessionBench) startLoadgen(cfg string, k, first, n, joinWorkers, connectWorkers int) error {
+	p := &loadgenProc{log: filepath.Join(b.Dir, "logs", fmt.Sprintf("loadgen-%d.log", k)), done: make(chan struct{})}
+	logf, err := os.Create(p.log)
 	if err != nil {
 		return err
 	}
-	cmd := b.ns.Command(b.Loadgen, "loadgen", "-api", "https://"+sbAPI, "-pki", b.pki, "-operator-token-file", b.opToken,
-		"-config", cfg, "-site", sbSite, "-dir", filepath.Join(b.Dir, "nodes"), "-sessions", strconv.Itoa(b.Sessions),
-		"-join-workers", strconv.Itoa(b.JoinWorkers), "-connect-workers", strconv.Itoa(b.ConnectWorkers))
-	cmd.Stderr = logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if b.lgIn, err = cmd.StdinPipe(); err != nil {
+	p.cmd = b.ns.Command(b.Loadgen, "loadgen", "-api", "https://"+sbAPI, "-pki", b.pki, "-operator-token-file", b.opToken,
+		"-config", cfg, "-site", sbSite, "-dir", filepath.Join(b.Dir, "nodes"), "-first", strconv.Itoa(first), "-sessions", strconv.Itoa(n),
+		"-join-workers", strconv.Itoa(joinWorkers), "-connect-workers", strconv.Itoa(connectWorkers))
+	p.cmd.Stderr = logf
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if p.in, err = p.cmd.StdinPipe(); err != nil {
 		logf.Close()
 		return err
 	}
-	out, err := cmd.StdoutPipe()
+	out, err := p.cmd.StdoutPipe()
 	if err != nil {
 		logf.Close()
 		return err
 	}
-	if err := cmd.Start(); err != nil {
+	if err := p.cmd.Start(); err != nil {
 		logf.Close()
-		return fmt.Errorf("sessionbench: start the load generator: %w", err)
+		return fmt.Errorf("simlab: start load generator %d: %w", k, err)
 	}
-	b.lg = cmd
-	b.lgEv = make(chan loadgenEvent, 64)
-	b.lgDone = make(chan struct{})
+	b.lgs = append(b.lgs, p)
 	go func() {
-		defer close(b.lgEv)
 		sc := bufio.NewScanner(out)
+		// An event carries a latency per node.
+		sc.Buffer(make([]byte, 64<<10), 32<<20)
 		for sc.Scan() {
 			var e loadgenEvent
 			if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
 				fmt.Fprintf(logf, "stdout: %s\n", sc.Bytes())
 				continue
 			}
-			b.lgEv <- e
+			b.lgEv <- lgEvent{k: k, e: e}
 		}
+		b.lgEv <- lgEvent{k: k, closed: true}
 	}()
 	go func() {
-		cmd.Wait()
+		p.cmd.Wait()
 		logf.Close()
-		close(b.lgDone)
+		close(p.done)
 	}()
 	return nil
 }
 
-// wait returns the load generator's next event named want, logging progress.
-func (b *SessionBench) wait(ctx context.Context, want string) (loadgenEvent, error) {
-	for {
+// step sends cmd to every load generator and waits for each one's want.
+func (b *SessionBench) step(ctx context.Context, cmd, want string) ([]loadgenEvent, error) {
+	for k, p := range b.lgs {
+		if _, err := io.WriteString(p.in, cmd+"\n"); err != nil {
+			return nil, fmt.Errorf("simlab: load generator %d: %w", k, err)
+		}
+	}
+	return b.waitAll(ctx, want)
+}
+
+// waitAll returns every load generator's next event named want, logging
+// their progress.
+func (b *SessionBench) waitAll(ctx context.Context, want string) ([]loadgenEvent, error) {
+	got := make([]loadgenEvent, len(b.lgs))
+	have := make([]bool, len(b.lgs))
+	welcomed := make([]int, len(b.lgs))
+	warnings := make([]int64, len(b.lgs))
+	for n := 0; n < len(b.lgs); {
 		select {
 		case <-ctx.Done():
-			return loadgenEvent{}, fmt.Errorf("sessionbench: waiting for the load generator's %s: %w", want, ctx.Err())
-		case e, ok := <-b.lgEv:
+			return nil, fmt.Errorf("simlab: waiting for the load generators' %s: %w", want, ctx.Err())
+		case ev := <-b.lgEv:
 			switch {
-			case !ok:
-				return e, fmt.Errorf("sessionbench: the load generator exited before %s\n%s", want, tailFile(b.lgLog, 20))
-			case e.Event == want:
-				return e, nil
-			case e.Event == "error":
-				return e, fmt.Errorf("sessionbench: load generator: %s", e.Error)
-			case e.Event == "progress":
-				b.logf("%d of %d sessions welcomed (%d warnings)", e.N, b.Sessions, e.Warnings)
+			case ev.closed:
+				return nil, fmt.Errorf("simlab: load generator %d exited before %s\n%s", ev.k, want, tailFile(b.lgs[ev.k].log, 20))
+			case ev.e.Event == want && !have[ev.k]:
+				got[ev.k], have[ev.k] = ev.e, true
+				n++
+			case ev.e.Event == "error":
+				return nil, fmt.Errorf("simlab: load generator %d: %s", ev.k, ev.e.Error)
+			case ev.e.Event == "progress":
+				welcomed[ev.k], warnings[ev.k] = ev.e.N, ev.e.Warnings
+				if ev.k == 0 {
+					var sw int
+					var ww int64
+					for i := range welcomed {
+						sw, ww = sw+welcomed[i], ww+warnings[i]
+					}
+					b.logf("%d of %d sessions welcomed (%d warnings)", sw, b.Sessions, ww)
+				}
 			}
 		}
 	}
+	return got, nil
 }
 
+// stats are the load generators' counters, summed.
 func (b *SessionBench) stats(ctx context.Context) (sessionCounts, error) {
-	if _, err := io.WriteString(b.lgIn, cmdStats+"\n"); err != nil {
-		return sessionCounts{}, fmt.Errorf("sessionbench: load generator: %w", err)
+	es, err := b.step(ctx, cmdStats, "stats")
+	if err != nil {
+		return sessionCounts{}, err
 	}
-	e, err := b.wait(ctx, "stats")
-	if err != nil || e.Counts == nil {
-		return sessionCounts{}, fmt.Errorf("sessionbench: no stats from the load generator: %v", err)
+	var sum sessionCounts
+	for k, e := range es {
+		c := e.Counts
+		if c == nil {
+			return sessionCounts{}, fmt.Errorf("simlab: load generator %d sent no counts", k)
+		}
+		sum.Started += c.Started
+		sum.Welcomed += c.Welcomed
+		sum.Connected += c.Connected
+		sum.Welcomes += c.Welcomes
+		sum.Warnings += c.Warnings
+		if c.LastWarning != "" {
+			sum.LastWarning = c.LastWarning
+		}
 	}
-	return *e.Counts, nil
+	return sum, nil
+}
+
+// sampleLoadgens is the load generators' samples summed (the peak RSS as
+// the sum of their peaks).
+func (b *SessionBench) sampleLoadgens() ProcSample {
+	var sum ProcSample
+	for _, p := range b.lgs {
+		s := b.sample(p.cmd.Process.Pid, false)
+		sum.RSS += s.RSS
+		sum.RSSAnon += s.RSSAnon
+		sum.HWM += s.HWM
+		sum.Threads += s.Threads
+		sum.FDs += s.FDs
+		sum.CPU += s.CPU
+	}
+	return sum
 }
 
 // Diagnostics are the last lines of serve's and the load generator's logs.
@@ -490,23 +617,26 @@ func (b *SessionBench) Diagnostics() string {
 	if b.serve != nil {
 		s.WriteString(b.serve.Tail(30))
 	}
-	if b.lgLog != "" {
-		fmt.Fprintf(&s, "--- load generator log %s (last 20 lines)\n%s\n", b.lgLog, tailFile(b.lgLog, 20))
+	for _, p := range b.lgs {
+		fmt.Fprintf(&s, "--- load generator log %s (last 20 lines)\n%s\n", p.log, tailFile(p.log, 20))
 	}
 	return s.String()
 }
 
-// close ends the load generator (exit, then SIGKILL by its PID after 40 s)
+// close ends the load generators (exit, then SIGKILL by PID after 40 s)
 // and serve, and deletes the namespace.
 func (b *SessionBench) close() {
-	if b.lg != nil {
-		io.WriteString(b.lgIn, cmdExit+"\n")
-		b.lgIn.Close()
+	for _, p := range b.lgs {
+		io.WriteString(p.in, cmdExit+"\n")
+		p.in.Close()
+	}
+	deadline := time.After(40 * time.Second)
+	for _, p := range b.lgs {
 		select {
-		case <-b.lgDone:
-		case <-time.After(40 * time.Second):
-			b.lg.Process.Kill()
-			<-b.lgDone
+		case <-p.done:
+		case <-deadline:
+			p.cmd.Process.Kill()
+			<-p.done
 		}
 	}
 	if b.serve != nil {
@@ -647,27 +777,32 @@ func countLog(path, s string) int {
 	return n
 }
 
-// raiseNofile makes RLIMIT_NOFILE at least want, soft and hard (the hard
-// limit only as root), at most fs.nr_open.
-func raiseNofile(want uint64) error {
+// raiseNofile makes RLIMIT_NOFILE's soft limit at least want (at most
+// fs.nr_open), raising the hard limit too where this process may (root with
+// CAP_SYS_RESOURCE), else the soft limit to the hard one. It returns the soft
+// limit now and whether the hard one was raised.
+func raiseNofile(want uint64) (limit uint64, raised bool, err error) {
 	var r syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &r); err != nil {
-		return err
+		return 0, false, err
 	}
 	if n, err := strconv.ParseUint(readTrim("/proc/sys/fs/nr_open"), 10, 64); err == nil && want > n {
 		want = n
 	}
 	if r.Cur >= want {
-		return nil
+		return r.Cur, false, nil
 	}
 	if r.Max < want {
-		r.Max = want
+		up := syscall.Rlimit{Cur: want, Max: want}
+		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &up); err == nil {
+			return want, true, nil
+		}
 	}
 	r.Cur = r.Max
 	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &r); err != nil {
-		return fmt.Errorf("sessionbench: raise RLIMIT_NOFILE to %d: %w", want, err)
+		return 0, false, fmt.Errorf("simlab: RLIMIT_NOFILE: %w", err)
 	}
-	return nil
+	return r.Cur, false, nil
 }
 
 // nofileOf is pid's "Max open files" soft limit.
@@ -733,7 +868,12 @@ func (r *SessionResult) Report(w io.Writer) {
 	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
 	p("# %s (serve built with it; sessionbench %s), commit %s\n", r.GoVersion, r.BenchGo, r.Commit)
 	p("# kernel %s, %d CPUs (%s), load average before %s, after %s\n", r.Kernel, r.CPUs, r.CPUModel, r.LoadBefore, r.LoadAfter)
-	p("# %d node sessions of agent.Session (bcd node's client) held by one better-compute serve (the shipped binary), TLS WebSockets on a network namespace's loopback; serve at its default log level (info), metrics on, RLIMIT_NOFILE %s\n\n", r.Sessions, r.NofileServe)
+	p("# %d node sessions of agent.Session (bcd node's client) held by one better-compute serve (the shipped binary), TLS WebSockets on a network namespace's loopback; serve at its default log level (info), metrics on\n", r.Sessions)
+	raised := "raised by sessionbench"
+	if !r.NofileRaised {
+		raised = "this host's hard limit, which sessionbench could not raise"
+	}
+	p("# RLIMIT_NOFILE %d (%s; serve's Max open files: %s): the load generator is %d process(es), a socket and a journal per session each\n\n", r.Nofile, raised, r.NofileServe, r.Loadgens)
 
 	p("## identities: a join token each over the operator api, then bcd join's code (join.Run, attestor join-token), %d at a time\n", r.JoinWorkers)
 	p("tokens created      %8.1f s  (%.0f/s)\n", r.Tokens.Seconds(), n/r.Tokens.Seconds())
@@ -759,8 +899,8 @@ func (r *SessionResult) Report(w io.Writer) {
 	p("connect all %d: %.1f s (%.0f sessions/s); one session's first dial to its Welcome: p50 %.0f ms, p99 %.0f ms, max %.0f ms; %d failed attempts before a Welcome\n",
 		r.Sessions, r.Connect.Seconds(), n/r.Connect.Seconds(), r.ConnectP50, r.ConnectP99, r.ConnectMax, r.ConnectWarnings)
 	p("serve CPU while connecting: %.1f CPU-s; serve logged %d session opens\n", r.ServeWelcomed.CPU-r.ServeBefore.CPU, r.ServeLoggedOpens)
-	p("load generator (sessionbench loadgen: %d agent.Sessions, their identities and bbolt journals): RSS %s all welcomed, %s at the end (peak %s), %d fds\n\n",
-		r.Sessions, mib(r.LoadgenWelcomed.RSS), mib(r.LoadgenEnd.RSS), mib(r.LoadgenEnd.HWM), r.LoadgenEnd.FDs)
+	p("load generator (%d sessionbench loadgen processes: %d agent.Sessions, their identities and bbolt journals), summed: RSS %s all welcomed, %s at the end (peaks %s), %d fds\n\n",
+		r.Loadgens, r.Sessions, mib(r.LoadgenWelcomed.RSS), mib(r.LoadgenEnd.RSS), mib(r.LoadgenEnd.HWM), r.LoadgenEnd.FDs)
 
 	hb := r.HeartbeatsPerSecond()
 	cps := r.ServeCPUPerSecond()

@@ -44,6 +44,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		sessions = fs.Int("sessions", 10000, "node sessions to hold")
 		joinW    = fs.Int("join-workers", 8, "token creations and joins in flight")
 		connW    = fs.Int("connect-workers", 100, "sessions dialling at once (a slot is freed by its Welcome)")
+		loadgens = fs.Int("loadgens", 0, "load generator processes (default: as few as RLIMIT_NOFILE allows)")
 		settle   = fs.Duration("settle", 10*time.Second, "wait after serve's restart before its baseline")
 		quiet    = fs.Duration("quiet", 20*time.Second, "wait after the last Welcome before the steady window")
 		steady   = fs.Duration("steady", 60*time.Second, "the steady window")
@@ -76,7 +77,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	b := &simlab.SessionBench{Dir: *dir, BetterCompute: serve, Loadgen: self, Sessions: *sessions,
-		JoinWorkers: *joinW, ConnectWorkers: *connW, Settle: *settle, Quiet: *quiet, Steady: *steady}
+		JoinWorkers: *joinW, ConnectWorkers: *connW, Loadgens: *loadgens, Settle: *settle, Quiet: *quiet, Steady: *steady}
 	if *verbose {
 		b.Log = stderr
 	}
