@@ -149,7 +149,31 @@ func RunLoadgen(ctx context.Context, args []string, stdin io.Reader, stdout io.W
 		enc.Encode(e)
 		encMu.Unlock()
 	}
-	err := loadgen(ctx, o, bufio.NewScanner(stdin), emit)
+	// Commands are read apart from the steps, so that an exit (or EOF: the
+	// coordinator went away) ends whatever step is running.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	cmds := make(chan string)
+	var exiting atomic.Bool
+	go func() {
+		defer cancel()
+		defer exiting.Store(true)
+		in := bufio.NewScanner(stdin)
+		for in.Scan() {
+			if in.Text() == cmdExit {
+				return
+			}
+			select {
+			case cmds <- in.Text():
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	err := loadgen(ctx, o, cmds, emit)
+	if err != nil && exiting.Load() && ctx.Err() != nil {
+		return nil // told to stop before the last step
+	}
 	if err != nil {
 		emit(loadgenEvent{Event: "error", Error: err.Error()})
 	}
@@ -163,12 +187,19 @@ type node struct {
 	journal *journal.Journal
 }
 
-func loadgen(ctx context.Context, o loadgenOptions, in *bufio.Scanner, emit func(loadgenEvent)) error {
+// loadgen runs the steps, each on its command from cmds; ctx ends with an
+// exit command or EOF.
+func loadgen(ctx context.Context, o loadgenOptions, cmds <-chan string, emit func(loadgenEvent)) error {
 	expect := func(cmd string) error {
-		if !in.Scan() || in.Text() != cmd {
-			return fmt.Errorf("expected %q on stdin, got %q (%v)", cmd, in.Text(), in.Err())
+		select {
+		case c := <-cmds:
+			if c != cmd {
+				return fmt.Errorf("expected %q on stdin, got %q", cmd, c)
+			}
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
 		}
-		return nil
 	}
 	if err := expect(cmdTokens); err != nil {
 		return err
@@ -197,7 +228,7 @@ func loadgen(ctx context.Context, o loadgenOptions, in *bufio.Scanner, emit func
 	if err := expect(cmdConnect); err != nil {
 		return err
 	}
-	return holdSessions(ctx, o, nodes, in, emit)
+	return holdSessions(ctx, o, nodes, cmds, emit)
 }
 
 // createTokens makes one single-use node token per node over the operator
@@ -309,8 +340,9 @@ func prepareNodes(ctx context.Context, o loadgenOptions, emit func(loadgenEvent)
 
 // holdSessions runs a session per node, connectWorkers dialling at a time
 // (a slot is freed by the session's first Welcome), reports when every one
-// was welcomed, then answers stats until exit or EOF.
-func holdSessions(ctx context.Context, o loadgenOptions, nodes []node, in *bufio.Scanner, emit func(loadgenEvent)) error {
+// was welcomed, then answers stats until ctx ends (exit or EOF), and ends the
+// sessions.
+func holdSessions(ctx context.Context, o loadgenOptions, nodes []node, cmds <-chan string, emit func(loadgenEvent)) error {
 	c, err := config.Load(o.config, config.ParseOptions{})
 	if err != nil {
 		return err
@@ -393,15 +425,16 @@ wait:
 		return sc
 	}
 commands:
-	for in.Scan() {
-		switch in.Text() {
-		case cmdStats:
-			emit(loadgenEvent{Event: "stats", Counts: counts()})
-		case cmdExit:
+	for {
+		select {
+		case c := <-cmds:
+			if c == cmdStats {
+				emit(loadgenEvent{Event: "stats", Counts: counts()})
+			}
+		case <-ctx.Done():
 			break commands
 		}
 	}
-	cancel()
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	select {
