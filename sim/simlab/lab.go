@@ -421,8 +421,13 @@ func (l *Lab) Run(ctx context.Context, o Options) (*sim.Result, error) {
 // Metrics GETs http://addr/metrics from inside the lab's namespace (where serve
 // and the site agent listen) and returns the exposition.
 func (l *Lab) Metrics(addr string) ([]byte, error) {
+	return scrapeMetrics(l.site, addr)
+}
+
+// scrapeMetrics GETs http://addr/metrics from inside ns.
+func scrapeMetrics(ns *testbed.Netns, addr string) ([]byte, error) {
 	var body []byte
-	err := l.site.Do(func() error {
+	err := ns.Do(func() error {
 		// Dialled on this goroutine, whose thread is in the namespace; an
 		// http.Client would dial from another.
 		c, err := net.DialTimeout("tcp", addr, 5*time.Second)

@@ -15,8 +15,11 @@ import (
 )
 
 var (
-	bins     Binaries
-	buildErr error
+	bins Binaries
+	// sessionbench is the sim/simlab/sessionbench binary, the load generator
+	// of TestSessionBench.
+	sessionbench string
+	buildErr     error
 )
 
 func TestMain(m *testing.M) {
@@ -26,7 +29,9 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	bins = Binaries{Bcd: filepath.Join(dir, "bcd"), BetterCompute: filepath.Join(dir, "better-compute"), BcxIPMI: filepath.Join(dir, "bcx-ipmi")}
-	for bin, pkg := range map[string]string{bins.Bcd: "../../cmd/bcd", bins.BetterCompute: "../../cmd/better-compute", bins.BcxIPMI: "../../plugins/bcx-ipmi"} {
+	sessionbench = filepath.Join(dir, "sessionbench")
+	for bin, pkg := range map[string]string{bins.Bcd: "../../cmd/bcd", bins.BetterCompute: "../../cmd/better-compute", bins.BcxIPMI: "../../plugins/bcx-ipmi",
+		sessionbench: "./sessionbench"} {
 		cmd := exec.Command("go", "build", "-o", bin, pkg)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
