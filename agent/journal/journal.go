@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -89,7 +90,13 @@ type Journal struct {
 	log    *slog.Logger
 	// count is the number of entries in the outbox. One process holds the file
 	// (bbolt's flock), so it is kept here instead of being counted per append.
-	count atomic.Int64
+	// countMu is held across each write transaction that changes the outbox and
+	// the count's update after it: bbolt serializes the transactions but not
+	// what follows their commit, and an Ack's decrement landing between an
+	// append's commit and its store was lost, so the count crept above the
+	// outbox and the journal dropped entries as if full long before it was.
+	countMu sync.Mutex
+	count   atomic.Int64
 }
 
 // Open opens (or creates) the journal at path for nodeID. A journal of another node
@@ -260,6 +267,8 @@ func (j *Journal) append(typ string, encode func(seq uint64) ([]byte, error)) (E
 	var e Entry
 	var dropped []uint64
 	var count int64
+	j.countMu.Lock()
+	defer j.countMu.Unlock()
 	err := j.db.Update(func(tx *bolt.Tx) error {
 		meta := tx.Bucket(bucketMeta)
 		seq := uint64(1)
@@ -353,6 +362,8 @@ func (j *Journal) Len() int {
 // Ack removes every entry up to and including seq and returns how many went.
 func (j *Journal) Ack(seq uint64) (int, error) {
 	n := 0
+	j.countMu.Lock()
+	defer j.countMu.Unlock()
 	err := j.db.Update(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bucketOutbox).Cursor()
 		for k, _ := c.First(); k != nil && binary.BigEndian.Uint64(k) <= seq; k, _ = c.First() {

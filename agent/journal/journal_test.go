@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -200,5 +202,57 @@ func TestOwnerOfMissingJournal(t *testing.T) {
 	_, err := Owner(filepath.Join(t.TempDir(), FileName))
 	if !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("Owner of nothing = %v, want ErrNotExist", err)
+	}
+}
+
+// TestLenUnderConcurrentAppendAndAck appends from some goroutines while another
+// acknowledges, as a site agent journals boot events while its session applies
+// the gateway's Acks. Len must stay the outbox's true size: one that drifted
+// above it would make a journal far from full drop its oldest events as if it
+// were full (a boot.nonce among them, leaving that machine's ramdisk unable to join).
+func TestLenUnderConcurrentAppendAndAck(t *testing.T) {
+	const writers, each = 4, 300
+	j := open(t, filepath.Join(t.TempDir(), FileName), "node_a", Options{MaxEntries: writers * each})
+	var wg sync.WaitGroup
+	var last atomic.Uint64
+	for range writers {
+		wg.Go(func() {
+			for range each {
+				ev, err := j.AppendEvent(protocol.Event{Kind: protocol.EventLog, Message: "booted"})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				last.Store(max(last.Load(), ev.Seq))
+			}
+		})
+	}
+	stop := make(chan struct{})
+	acked := make(chan struct{})
+	go func() {
+		defer close(acked)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if s := last.Load(); s > 0 {
+				if _, err := j.Ack(s); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}
+	}()
+	wg.Wait()
+	close(stop)
+	<-acked
+	pending, err := j.Pending()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j.Len() != len(pending) {
+		t.Fatalf("Len = %d after concurrent appends and acks, the outbox holds %d", j.Len(), len(pending))
 	}
 }
