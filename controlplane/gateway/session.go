@@ -28,6 +28,14 @@ const (
 
 // session is one agent's WebSocket. The handler goroutine reads; writeLoop
 // writes. Nothing else runs per session.
+//
+// The reader never waits for the writer: what it stored it leaves in ackSeq
+// and kicks writeLoop, which acknowledges the highest seq stored so far (an
+// Ack covers every entry up to its seq). A reader that waited for the writer
+// deadlocked with a writer that waited in a ping for the pong only the reader
+// reads: under a site agent's stream of boot events the session stood still
+// until the ping timed out, again at every ping, and the boot nonces in that
+// stream reached the store tens of seconds late.
 type session struct {
 	srv    *Server
 	conn   *websocket.Conn
@@ -45,8 +53,12 @@ type session struct {
 
 	ctx    context.Context
 	cancel context.CancelFunc
-	out    chan []byte
-	kick   chan struct{}
+	// ackSeq is the highest seq stored and not yet acknowledged (under
+	// ackMu); ackKick tells writeLoop there is one.
+	ackMu   sync.Mutex
+	ackSeq  uint64
+	ackKick chan struct{}
+	kick    chan struct{}
 	// specKick asks writeLoop to build the spec again; specRev is the
 	// revision last written (writeLoop's alone once the Welcome is out).
 	specKick chan struct{}
@@ -171,7 +183,7 @@ func (s *Server) serveSession(w http.ResponseWriter, r *http.Request) {
 		log:      s.log().With("node", node.ID),
 		ctx:      ctx,
 		cancel:   cancel,
-		out:      make(chan []byte, 4),
+		ackKick:  make(chan struct{}, 1),
 		kick:     make(chan struct{}, 1),
 		specKick: make(chan struct{}, 1),
 		sent:     make(map[string]bool),
@@ -472,15 +484,37 @@ func archOf(a string) string {
 	return a
 }
 
+// ack records that the entry seq is stored, for writeLoop to acknowledge. It
+// never blocks.
 func (ss *session) ack(seq uint64) {
+	ss.ackMu.Lock()
+	if seq > ss.ackSeq {
+		ss.ackSeq = seq
+	}
+	ss.ackMu.Unlock()
+	select {
+	case ss.ackKick <- struct{}{}:
+	default:
+	}
+}
+
+// writeAck acknowledges everything stored since the last Ack.
+func (ss *session) writeAck(acked *uint64) error {
+	ss.ackMu.Lock()
+	seq := ss.ackSeq
+	ss.ackMu.Unlock()
+	if seq <= *acked {
+		return nil
+	}
 	b, err := frame(protocol.FrameAck, protocol.Ack{Seq: seq})
 	if err != nil {
-		return
+		return err
 	}
-	select {
-	case ss.out <- b:
-	case <-ss.ctx.Done():
+	if err := ss.write(b); err != nil {
+		return err
 	}
+	*acked = seq
+	return nil
 }
 
 func (ss *session) kickSpec() {
@@ -539,12 +573,13 @@ func (ss *session) writeLoop() {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	missed := 0
+	var acked uint64
 	for {
 		select {
 		case <-ss.ctx.Done():
 			return
-		case b := <-ss.out:
-			if err := ss.write(b); err != nil {
+		case <-ss.ackKick:
+			if err := ss.writeAck(&acked); err != nil {
 				ss.drop()
 				return
 			}
