@@ -563,6 +563,55 @@ func TestHeartbeatWhileTheWriterIsBusy(t *testing.T) {
 	}
 }
 
+// priorityStore records whether each stored event's context had priority.
+type priorityStore struct {
+	Store
+	mu   sync.Mutex
+	prio map[string]bool // node → its last event's
+}
+
+func (s *priorityStore) AddEvent(ctx context.Context, e store.Event) error {
+	s.mu.Lock()
+	s.prio[e.NodeID] = store.HasPriority(ctx)
+	s.mu.Unlock()
+	return s.Store.AddEvent(ctx, e)
+}
+
+// TestSiteSessionWritesHavePriority: a site agent's session writes with
+// priority (its stream carries every machine of its site), a node's without.
+func TestSiteSessionWritesHavePriority(t *testing.T) {
+	var ps *priorityStore
+	e := start(t, func(s *Server) {
+		ps = &priorityStore{Store: s.Store, prio: map[string]bool{}}
+		s.Store = ps
+	})
+	for _, role := range []string{protocol.RoleSite, protocol.RoleNode} {
+		_, res, cert := e.joined(role)
+		c, _, err := e.dial(&cert)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.send(protocol.FrameHello, hello(res))
+		c.expect(protocol.FrameWelcome, nil)
+		c.send(protocol.FrameEvent, protocol.Event{Seq: 1, Kind: protocol.EventLog, Time: time.Now(), Message: "hello"})
+		for {
+			f, err := c.recv()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if f.Type == protocol.FrameAck {
+				break
+			}
+		}
+		ps.mu.Lock()
+		prio, ok := ps.prio[res.NodeID]
+		ps.mu.Unlock()
+		if !ok || prio != (role == protocol.RoleSite) {
+			t.Errorf("a %s's event stored with priority %v (stored %v), want %v", role, prio, ok, role == protocol.RoleSite)
+		}
+	}
+}
+
 func TestCloseEndsSessions(t *testing.T) {
 	e := start(t, nil)
 	_, res, cert := e.joined("node")

@@ -173,6 +173,10 @@ func (s *Server) serveSession(w http.ResponseWriter, r *http.Request) {
 	}
 	conn.SetReadLimit(MaxFrameSize)
 	ctx, cancel := context.WithCancel(context.Background())
+	if node.Role == protocol.RoleSite {
+		// One stream for all of its site's machines: its writes go first.
+		ctx = store.WithPriority(ctx)
+	}
 	ss := &session{
 		srv:      s,
 		conn:     conn,

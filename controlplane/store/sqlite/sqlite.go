@@ -364,7 +364,9 @@ func queryAll[T any](ctx context.Context, db *sql.DB, op string, scan func(inter
 
 type sqliteStore struct {
 	// w is the one connection that writes; r reads concurrently under WAL.
+	// Every write goes through gate (tx and exec).
 	w, r *sql.DB
+	gate writeGate
 }
 
 // Open opens (creating when missing) the database DBFile in dir, which
@@ -446,6 +448,10 @@ func (s *sqliteStore) Close() error {
 
 // tx runs fn in a write transaction.
 func (s *sqliteStore) tx(ctx context.Context, fn func(*sql.Tx) error) error {
+	if err := s.gate.acquire(ctx); err != nil {
+		return err
+	}
+	defer s.gate.release()
 	tx, err := s.w.BeginTx(ctx, nil)
 	if err != nil {
 		return err
@@ -455,6 +461,15 @@ func (s *sqliteStore) tx(ctx context.Context, fn func(*sql.Tx) error) error {
 		return err
 	}
 	return tx.Commit()
+}
+
+// exec runs one write statement.
+func (s *sqliteStore) exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	if err := s.gate.acquire(ctx); err != nil {
+		return nil, err
+	}
+	defer s.gate.release()
+	return s.w.ExecContext(ctx, query, args...)
 }
 
 // ms is a time as stored; the zero time is NULL.

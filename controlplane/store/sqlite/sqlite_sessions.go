@@ -69,7 +69,7 @@ func (s *sqliteStore) AddEvent(ctx context.Context, e store.Event) error {
 	if e.SessionID != 0 {
 		session = e.SessionID
 	}
-	_, err := s.w.ExecContext(ctx, `INSERT INTO events (node_id, session_id, seq, kind, time, level, message, data, received_at)
+	_, err := s.exec(ctx, `INSERT INTO events (node_id, session_id, seq, kind, time, level, message, data, received_at)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		e.NodeID, session, int64(e.Seq), e.Kind, e.Time.UnixMilli(), e.Level, e.Message, nullJSON(e.Data), ms(e.ReceivedAt))
 	return wrap("add event", err)
