@@ -762,10 +762,15 @@ func (r *byteReader) Read(p []byte) (int, error) {
 }
 
 // patternReader yields left bytes: every fourth 4 KiB block holds its own offset,
-// the others are zero.
+// the others are zero. Byte o of a marked block's first 8 is byte(o >> (8·(o%8))).
+// It clears the buffer and sets the marked bytes only: a byte at a time, it was
+// a third of sim's CPU in a 1,000-machine storm (8 GiB served), taken from the
+// serve and site agent it measures on the same cores.
 type patternReader struct {
 	off, left int64
 }
+
+const patternBlock = 4096
 
 func (r *patternReader) Read(p []byte) (int, error) {
 	if r.left <= 0 {
@@ -774,15 +779,17 @@ func (r *patternReader) Read(p []byte) (int, error) {
 	if int64(len(p)) > r.left {
 		p = p[:r.left]
 	}
-	for i := range p {
-		o := r.off + int64(i)
-		if (o/4096)%4 == 0 && o%4096 < 8 {
-			p[i] = byte(o >> (8 * (o % 8)))
-		} else {
-			p[i] = 0
+	clear(p)
+	end := r.off + int64(len(p))
+	for blk := r.off - r.off%patternBlock; blk < end; blk += patternBlock {
+		if (blk/patternBlock)%4 != 0 {
+			continue
+		}
+		for o := max(blk, r.off); o < min(blk+8, end); o++ {
+			p[o-r.off] = byte(o >> (8 * (o % 8)))
 		}
 	}
-	r.off += int64(len(p))
+	r.off = end
 	r.left -= int64(len(p))
 	return len(p), nil
 }
