@@ -175,6 +175,34 @@ func TestBoundedDropsEventsFirst(t *testing.T) {
 	}
 }
 
+// TestBoundedKeepsBootNonces: a full site agent's journal drops its other
+// events before a boot.nonce, however old: the machine that booted with a
+// nonce the control plane never hears of cannot join.
+func TestBoundedKeepsBootNonces(t *testing.T) {
+	j := open(t, filepath.Join(t.TempDir(), FileName), "node_a", Options{MaxEntries: 3})
+	kinds := []string{protocol.EventBootNonce, protocol.EventMachineBooted, protocol.EventBootNonce, // seqs 1-3
+		protocol.EventMachineBooted, // seq 4: drops the booted event (seq 2), not the older nonce
+		protocol.EventBootNonce,     // seq 5: drops the booted event (seq 4)
+		protocol.EventBootNonce,     // seq 6: only nonces left: drops the oldest (seq 1)
+	}
+	for _, k := range kinds {
+		if _, err := j.AppendEvent(protocol.Event{Kind: k}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pending, err := j.Pending()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seqs []uint64
+	for _, e := range pending {
+		seqs = append(seqs, e.Seq)
+	}
+	if len(seqs) != 3 || seqs[0] != 3 || seqs[1] != 5 || seqs[2] != 6 {
+		t.Errorf("pending seqs = %v, want [3 5 6]: the nonces, the oldest of them dropped only when nothing else was left", seqs)
+	}
+}
+
 func TestState(t *testing.T) {
 	path := filepath.Join(t.TempDir(), FileName)
 	j := open(t, path, "node_a", Options{})
