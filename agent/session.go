@@ -99,6 +99,9 @@ type Session struct {
 
 	// acks removes acknowledged entries from the journal off the reader.
 	acks acker
+	// failSend, set by tests, fails a live send as a write that timed out
+	// waiting for the connection does: nothing written, the connection up.
+	failSend func() bool
 
 	mu              sync.Mutex
 	running         map[string]bool
@@ -608,8 +611,23 @@ func (s *Session) sendLocked(typ string, v any) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	if err := writeFrame(ctx, s.conn, typ, v); err != nil {
-		s.log().Debug("send failed; the journal replays it after reconnecting", "type", typ, "error", err.Error())
+	var err error
+	if s.failSend != nil && s.failSend() {
+		err = errors.New("failed by the test")
+	} else {
+		err = writeFrame(ctx, s.conn, typ, v)
+	}
+	if err != nil {
+		// A frame that did not go out must not be overtaken by the next: the
+		// gateway's Ack covers every entry up to its seq, so the Ack of a later
+		// entry would take this one out of the journal unsent. A write can fail
+		// and leave the connection up (coder/websocket gives up waiting for
+		// the connection's write lock, held by a ping stuck behind a full TCP
+		// window, without closing it), so the connection goes here, and the
+		// next one replays the journal from this entry on.
+		s.log().Warn("a frame was not sent; reconnecting, the journal replays it", "type", typ, "error", err.Error())
+		s.conn.CloseNow()
+		s.conn = nil
 	}
 }
 

@@ -342,6 +342,52 @@ func TestSessionEventJournaledAndAcked(t *testing.T) {
 	waitFor(t, func() bool { return f.j.Len() == 0 })
 }
 
+// TestSessionFailedSendIsNotOvertaken: an event whose send failed while the
+// connection stayed up must still reach the gateway. The events after it went
+// out and were acknowledged, and an Ack covers every entry up to its seq, so a
+// session that carried on over the same connection lost the failed one from its
+// journal without it ever being sent (a site agent's boot.nonce, and that
+// machine's ramdisk could not join).
+func TestSessionFailedSendIsNotOvertaken(t *testing.T) {
+	g := agenttest.New(t)
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	g.OnSession = func(ctx context.Context, c *agenttest.Conn) {
+		agenttest.AckAll(ctx, c, func(f protocol.Frame) {
+			var ev protocol.Event
+			if f.Type == protocol.FrameEvent && f.Decode(&ev) == nil {
+				mu.Lock()
+				seen[ev.Message] = true
+				mu.Unlock()
+			}
+		})
+	}
+	f := newSession(t, g)
+	f.run(t)
+	waitFor(t, func() bool { return f.s.State().Connected })
+	var failed sync.Once
+	f.s.SetFailSend(func() bool {
+		fail := false
+		failed.Do(func() { fail = true })
+		return fail
+	})
+	for _, m := range []string{"nonce", "after 1", "after 2"} {
+		if err := f.s.Event(protocol.Event{Kind: protocol.EventLog, Message: m}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return seen["after 2"] && f.j.Len() == 0
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if !seen["nonce"] {
+		t.Fatalf("the event whose send failed never reached the gateway; it saw %v and the journal is empty", seen)
+	}
+}
+
 func TestSessionRefusesUnpinnedGateway(t *testing.T) {
 	g := agenttest.New(t)
 	other := agenttest.New(t)

@@ -71,6 +71,39 @@ type machine struct {
 	installed bool
 	welcomed  bool
 	retrans   int
+	// rec is the running ramdisk's log, for where the machine is.
+	rec *recorder
+}
+
+// where says how far the machine's current boot got: the first stage it has not
+// finished, its boot count, and what its ramdisk last warned of, for a run's
+// progress and for the machines a run leaves stuck.
+func (m *machine) where() (stage, detail string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch {
+	case m.boots == 0:
+		return "off", "never powered on"
+	case m.welcomed:
+		return "up", ""
+	}
+	stage = "up"
+	for _, st := range Stages {
+		if _, ok := m.stages[st]; !ok {
+			stage = st
+			break
+		}
+	}
+	detail = fmt.Sprintf("boot %d", m.boots)
+	if m.lastErr != "" {
+		detail += "; last error: " + m.lastErr
+	}
+	if m.rec != nil {
+		if n := m.rec.lastNote(); n != "" {
+			detail += "; the ramdisk last said: " + n
+		}
+	}
+	return stage, detail
 }
 
 func (m *machine) setStage(name string, d time.Duration) {
@@ -105,6 +138,7 @@ func (m *machine) power(p power) {
 	m.stages = map[string]time.Duration{}
 	m.lastErr = ""
 	m.welcomed = false
+	m.rec = nil
 	installed := m.installed
 	m.mu.Unlock()
 	go func() {
@@ -321,6 +355,9 @@ func (m *machine) ramdisk(ctx context.Context, p ramdisk.Params) (handed bool, e
 			}
 		}
 	}}
+	m.mu.Lock()
+	m.rec = rec
+	m.mu.Unlock()
 	a := &ramdisk.Agent{
 		Params:  p,
 		Logger:  slog.New(rec),
@@ -472,18 +509,20 @@ func (noMachine) Reboot() error                           { return nil }
 func (noMachine) PowerOff() error                         { return nil }
 
 // recorder is the ramdisk's log: it keeps the time of the messages that end a
-// stage and the last error, and drops the rest (a thousand consoles are noise).
+// stage, the last error and the last warning or error, and drops the rest (a
+// thousand consoles are noise).
 type recorder struct {
 	on    func(msg string, at time.Time)
 	mu    sync.Mutex
 	last  string
+	note  string
 	attrs []slog.Attr
 }
 
 func (r *recorder) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelInfo }
 func (r *recorder) Handle(_ context.Context, rec slog.Record) error {
 	r.on(rec.Message, rec.Time)
-	if rec.Level >= slog.LevelError {
+	if rec.Level >= slog.LevelWarn {
 		msg := rec.Message
 		rec.Attrs(func(a slog.Attr) bool {
 			if a.Key == "error" || a.Key == "reason" || a.Key == "code" || a.Key == "message" {
@@ -492,10 +531,19 @@ func (r *recorder) Handle(_ context.Context, rec slog.Record) error {
 			return true
 		})
 		r.mu.Lock()
-		r.last = msg
+		r.note = rec.Time.Format("15:04:05 ") + msg
+		if rec.Level >= slog.LevelError {
+			r.last = msg
+		}
 		r.mu.Unlock()
 	}
 	return nil
+}
+
+func (r *recorder) lastNote() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.note
 }
 func (r *recorder) WithAttrs([]slog.Attr) slog.Handler { return r }
 func (r *recorder) WithGroup(string) slog.Handler      { return r }

@@ -19,7 +19,10 @@ type Process struct {
 	err  error
 }
 
-// StartProcess starts cmd with its stdout and stderr in logPath.
+// StartProcess starts cmd with its stdout and stderr in logPath, in a session of
+// its own and killed (SIGKILL) when the process that started it dies, so a
+// test or benchmark that is killed leaves no service behind. (ip netns exec and
+// nsenter exec the command without forking: it keeps the death signal.)
 func StartProcess(name string, cmd *exec.Cmd, logPath string) (*Process, error) {
 	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
 		return nil, fmt.Errorf("testbed: %w", err)
@@ -30,7 +33,7 @@ func StartProcess(name string, cmd *exec.Cmd, logPath string) (*Process, error) 
 	}
 	cmd.Stdout, cmd.Stderr = f, f
 	if cmd.SysProcAttr == nil {
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
 	}
 	if err := cmd.Start(); err != nil {
 		f.Close()

@@ -8,8 +8,10 @@
 //   - small state that must survive a restart, such as a pending node.reboot.
 //
 // The entries are bounded by [journal] max_entries: when the journal is full the
-// oldest event goes first, and only when no event is left the oldest status, since a
-// command's final status is what the control plane waits for.
+// oldest event goes first (a site agent's boot.nonce events after every other
+// event, since a machine cannot join with a nonce the control plane never heard
+// of), and only when no event is left the oldest status, since a command's final
+// status is what the control plane waits for.
 //
 // A journal that does not open (a torn or foreign file) is moved aside as
 // journal.db.corrupt-<unix time> and a new one starts: the agent must come up, and

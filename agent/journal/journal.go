@@ -90,11 +90,13 @@ type Journal struct {
 	log    *slog.Logger
 	// count is the number of entries in the outbox. One process holds the file
 	// (bbolt's flock), so it is kept here instead of being counted per append.
-	count atomic.Int64
-	// countMu spans a writing transaction and its change of count, so that an
-	// append's Store cannot overwrite an Ack's Add made in between (bbolt
-	// serializes the transactions anyway; this costs no concurrency).
+	// countMu is held across each write transaction that changes the outbox and
+	// the count's update after it: bbolt serializes the transactions but not
+	// what follows their commit, and an Ack's decrement landing between an
+	// append's commit and its store was lost, so the count crept above the
+	// outbox and the journal dropped entries as if full long before it was.
 	countMu sync.Mutex
+	count   atomic.Int64
 }
 
 // Open opens (or creates) the journal at path for nodeID. A journal of another node
@@ -338,21 +340,39 @@ func (j *Journal) append(typ string, n int, encode func(i int, seq uint64) ([]by
 	return e, nil
 }
 
-// dropOldest deletes the oldest event, or the oldest status when there is no event.
+// dropOldest deletes the oldest event that is not a boot.nonce; when every event
+// is one, the oldest boot.nonce; when there is no event, the oldest status. A
+// boot.nonce goes last among events because a nonce the control plane never
+// hears of leaves the machine that booted with it unable to join (its ramdisk is
+// refused NONCE_UNKNOWN until the lifecycle power-cycles it, minutes later),
+// where a lost machine.booted or log event only thins a timeline.
 func dropOldest(out *bolt.Bucket) (uint64, error) {
 	c := out.Cursor()
-	var first []byte
+	var first, nonce []byte
 	for k, v := c.First(); k != nil; k, v = c.Next() {
 		if first == nil {
 			first = append([]byte(nil), k...)
 		}
 		var se storedEntry
-		if json.Unmarshal(v, &se) == nil && se.Type == TypeEvent {
-			seq := binary.BigEndian.Uint64(k)
-			return seq, c.Delete()
+		if json.Unmarshal(v, &se) != nil || se.Type != TypeEvent {
+			continue
 		}
+		var ev struct {
+			Kind string `json:"kind"`
+		}
+		if json.Unmarshal(se.Data, &ev) == nil && ev.Kind == protocol.EventBootNonce {
+			if nonce == nil {
+				nonce = append([]byte(nil), k...)
+			}
+			continue
+		}
+		seq := binary.BigEndian.Uint64(k)
+		return seq, c.Delete()
 	}
-	if first == nil {
+	switch {
+	case nonce != nil:
+		return binary.BigEndian.Uint64(nonce), out.Delete(nonce)
+	case first == nil:
 		return 0, errors.New("nothing to drop")
 	}
 	return binary.BigEndian.Uint64(first), out.Delete(first)

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -174,6 +176,34 @@ func TestBoundedDropsEventsFirst(t *testing.T) {
 	}
 }
 
+// TestBoundedKeepsBootNonces: a full site agent's journal drops its other
+// events before a boot.nonce, however old: the machine that booted with a
+// nonce the control plane never hears of cannot join.
+func TestBoundedKeepsBootNonces(t *testing.T) {
+	j := open(t, filepath.Join(t.TempDir(), FileName), "node_a", Options{MaxEntries: 3})
+	kinds := []string{protocol.EventBootNonce, protocol.EventMachineBooted, protocol.EventBootNonce, // seqs 1-3
+		protocol.EventMachineBooted, // seq 4: drops the booted event (seq 2), not the older nonce
+		protocol.EventBootNonce,     // seq 5: drops the booted event (seq 4)
+		protocol.EventBootNonce,     // seq 6: only nonces left: drops the oldest (seq 1)
+	}
+	for _, k := range kinds {
+		if _, err := j.AppendEvent(protocol.Event{Kind: k}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pending, err := j.Pending()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seqs []uint64
+	for _, e := range pending {
+		seqs = append(seqs, e.Seq)
+	}
+	if len(seqs) != 3 || seqs[0] != 3 || seqs[1] != 5 || seqs[2] != 6 {
+		t.Errorf("pending seqs = %v, want [3 5 6]: the nonces, the oldest of them dropped only when nothing else was left", seqs)
+	}
+}
+
 func TestState(t *testing.T) {
 	path := filepath.Join(t.TempDir(), FileName)
 	j := open(t, path, "node_a", Options{})
@@ -201,6 +231,58 @@ func TestOwnerOfMissingJournal(t *testing.T) {
 	_, err := Owner(filepath.Join(t.TempDir(), FileName))
 	if !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("Owner of nothing = %v, want ErrNotExist", err)
+	}
+}
+
+// TestLenUnderConcurrentAppendAndAck appends from some goroutines while another
+// acknowledges, as a site agent journals boot events while its session applies
+// the gateway's Acks. Len must stay the outbox's true size: one that drifted
+// above it would make a journal far from full drop its oldest events as if it
+// were full (a boot.nonce among them, leaving that machine's ramdisk unable to join).
+func TestLenUnderConcurrentAppendAndAck(t *testing.T) {
+	const writers, each = 4, 300
+	j := open(t, filepath.Join(t.TempDir(), FileName), "node_a", Options{MaxEntries: writers * each})
+	var wg sync.WaitGroup
+	var last atomic.Uint64
+	for range writers {
+		wg.Go(func() {
+			for range each {
+				ev, err := j.AppendEvent(protocol.Event{Kind: protocol.EventLog, Message: "booted"})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				last.Store(max(last.Load(), ev.Seq))
+			}
+		})
+	}
+	stop := make(chan struct{})
+	acked := make(chan struct{})
+	go func() {
+		defer close(acked)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if s := last.Load(); s > 0 {
+				if _, err := j.Ack(s); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}
+	}()
+	wg.Wait()
+	close(stop)
+	<-acked
+	pending, err := j.Pending()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j.Len() != len(pending) {
+		t.Fatalf("Len = %d after concurrent appends and acks, the outbox holds %d", j.Len(), len(pending))
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -481,6 +482,142 @@ func TestHeartbeatKeepsAReadingAgent(t *testing.T) {
 	}
 	if !e.gw.Connected(res.NodeID) {
 		t.Error("a reading agent was dropped")
+	}
+}
+
+// slowSpecs builds a spec of a new revision each time, slowly, as a site's
+// spec of a thousand machines is built under load.
+type slowSpecs struct {
+	delay time.Duration
+	rev   atomic.Int64
+}
+
+func (s *slowSpecs) Spec(context.Context, store.Node) (*protocol.Spec, error) {
+	time.Sleep(s.delay)
+	return &protocol.Spec{Revision: s.rev.Add(1)}, nil
+}
+
+// TestHeartbeatWhileTheWriterIsBusy streams events to a session whose writer
+// is busy building specs (a site agent's stream of boot events while its
+// machines' boot entries change), pinged often. The reader must keep storing
+// and the pings must keep being answered: a reader that waited for the writer
+// to take its acks deadlocked with a writer waiting in a ping for the pong only
+// that reader reads, and the session stalled at every ping until it was
+// dropped for missed heartbeats.
+func TestHeartbeatWhileTheWriterIsBusy(t *testing.T) {
+	specs := &slowSpecs{delay: 15 * time.Millisecond}
+	e := start(t, func(s *Server) { s.PingInterval = 30 * time.Millisecond; s.MissedPings = 2; s.Specs = specs })
+	_, res, cert := e.joined("node")
+	c, _, err := e.dial(&cert)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.send(protocol.FrameHello, hello(res))
+	c.expect(protocol.FrameWelcome, nil)
+
+	const n = 300
+	var acked atomic.Uint64
+	readErr := make(chan error, 1)
+	go func() {
+		for {
+			f, err := c.recv()
+			if err != nil {
+				readErr <- err
+				return
+			}
+			if f.Type == protocol.FrameAck {
+				var a protocol.Ack
+				if f.Decode(&a) == nil {
+					acked.Store(a.Seq)
+				}
+			}
+		}
+	}()
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond):
+				e.gw.NodeSpecChanged(res.NodeID)
+			}
+		}
+	}()
+	for i := uint64(1); i <= n; i++ {
+		c.send(protocol.FrameEvent, protocol.Event{Seq: i, Kind: protocol.EventLog, Time: time.Now(), Message: "booted"})
+	}
+	deadline := time.After(10 * time.Second)
+	for acked.Load() < n {
+		select {
+		case err := <-readErr:
+			t.Fatalf("the session ended after %d of %d events were acknowledged: %v", acked.Load(), n, err)
+		case <-deadline:
+			t.Fatalf("%d of %d events acknowledged after 10 s", acked.Load(), n)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	if !e.gw.Connected(res.NodeID) {
+		t.Error("the session was dropped")
+	}
+}
+
+// priorityStore records whether each stored event's context had priority.
+type priorityStore struct {
+	Store
+	mu   sync.Mutex
+	prio map[string]bool // node → its last event's
+}
+
+func (s *priorityStore) AddEvent(ctx context.Context, e store.Event) error {
+	s.mu.Lock()
+	s.prio[e.NodeID] = store.HasPriority(ctx)
+	s.mu.Unlock()
+	return s.Store.AddEvent(ctx, e)
+}
+
+func (s *priorityStore) AddEvents(ctx context.Context, es []store.Event) error {
+	s.mu.Lock()
+	for _, e := range es {
+		s.prio[e.NodeID] = store.HasPriority(ctx)
+	}
+	s.mu.Unlock()
+	return s.Store.AddEvents(ctx, es)
+}
+
+// TestSiteSessionWritesHavePriority: a site agent's session writes with
+// priority (its stream carries every machine of its site), a node's without.
+func TestSiteSessionWritesHavePriority(t *testing.T) {
+	var ps *priorityStore
+	e := start(t, func(s *Server) {
+		ps = &priorityStore{Store: s.Store, prio: map[string]bool{}}
+		s.Store = ps
+	})
+	for _, role := range []string{protocol.RoleSite, protocol.RoleNode} {
+		_, res, cert := e.joined(role)
+		c, _, err := e.dial(&cert)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.send(protocol.FrameHello, hello(res))
+		c.expect(protocol.FrameWelcome, nil)
+		c.send(protocol.FrameEvent, protocol.Event{Seq: 1, Kind: protocol.EventLog, Time: time.Now(), Message: "hello"})
+		for {
+			f, err := c.recv()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if f.Type == protocol.FrameAck {
+				break
+			}
+		}
+		ps.mu.Lock()
+		prio, ok := ps.prio[res.NodeID]
+		ps.mu.Unlock()
+		if !ok || prio != (role == protocol.RoleSite) {
+			t.Errorf("a %s's event stored with priority %v (stored %v), want %v", role, prio, ok, role == protocol.RoleSite)
+		}
 	}
 }
 

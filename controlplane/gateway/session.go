@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
@@ -29,6 +28,14 @@ const (
 
 // session is one agent's WebSocket. The handler goroutine reads; writeLoop
 // writes. Nothing else runs per session.
+//
+// The reader never waits for the writer: what it stored it leaves in ackSeq
+// and kicks writeLoop, which acknowledges the highest seq stored so far (an
+// Ack covers every entry up to its seq). A reader that waited for the writer
+// deadlocked with a writer that waited in a ping for the pong only the reader
+// reads: under a site agent's stream of boot events the session stood still
+// until the ping timed out, again at every ping, and the boot nonces in that
+// stream reached the store tens of seconds late.
 type session struct {
 	srv    *Server
 	conn   *websocket.Conn
@@ -46,9 +53,10 @@ type session struct {
 
 	ctx    context.Context
 	cancel context.CancelFunc
-	// ackSeq is the sequence number to acknowledge next; ackKick tells
-	// writeLoop there is one.
-	ackSeq  atomic.Uint64
+	// ackSeq is the highest seq stored and not yet acknowledged (under
+	// ackMu); ackKick tells writeLoop there is one.
+	ackMu   sync.Mutex
+	ackSeq  uint64
 	ackKick chan struct{}
 	kick    chan struct{}
 	// specKick asks writeLoop to build the spec again; specRev is the
@@ -165,6 +173,10 @@ func (s *Server) serveSession(w http.ResponseWriter, r *http.Request) {
 	}
 	conn.SetReadLimit(MaxFrameSize)
 	ctx, cancel := context.WithCancel(context.Background())
+	if node.Role == protocol.RoleSite {
+		// One stream for all of its site's machines: its writes go first.
+		ctx = store.WithPriority(ctx)
+	}
 	ss := &session{
 		srv:      s,
 		conn:     conn,
@@ -525,15 +537,37 @@ func archOf(a string) string {
 	return a
 }
 
-// ack asks writeLoop to acknowledge everything up to seq. It never waits: the
-// ingester serves every session, and acks are cumulative, so a later one replaces
-// one not yet written.
+// ack records that the entry seq is stored, for writeLoop to acknowledge. It
+// never blocks.
 func (ss *session) ack(seq uint64) {
-	ss.ackSeq.Store(seq)
+	ss.ackMu.Lock()
+	if seq > ss.ackSeq {
+		ss.ackSeq = seq
+	}
+	ss.ackMu.Unlock()
 	select {
 	case ss.ackKick <- struct{}{}:
 	default:
 	}
+}
+
+// writeAck acknowledges everything stored since the last Ack.
+func (ss *session) writeAck(acked *uint64) error {
+	ss.ackMu.Lock()
+	seq := ss.ackSeq
+	ss.ackMu.Unlock()
+	if seq <= *acked {
+		return nil
+	}
+	b, err := frame(protocol.FrameAck, protocol.Ack{Seq: seq})
+	if err != nil {
+		return err
+	}
+	if err := ss.write(b); err != nil {
+		return err
+	}
+	*acked = seq
+	return nil
 }
 
 func (ss *session) kickSpec() {
@@ -592,25 +626,16 @@ func (ss *session) writeLoop() {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	missed := 0
-	var ackedSeq uint64 // the last ack written
+	var acked uint64
 	for {
 		select {
 		case <-ss.ctx.Done():
 			return
 		case <-ss.ackKick:
-			seq := ss.ackSeq.Load()
-			if seq == ackedSeq {
-				continue
-			}
-			b, err := frame(protocol.FrameAck, protocol.Ack{Seq: seq})
-			if err != nil {
-				continue
-			}
-			if err := ss.write(b); err != nil {
+			if err := ss.writeAck(&acked); err != nil {
 				ss.drop()
 				return
 			}
-			ackedSeq = seq
 		case <-ss.specKick:
 			if ss.upgradeOnly {
 				continue

@@ -27,7 +27,6 @@ type EventStore interface {
 	RecordBoots(ctx context.Context, site string, steps []store.BootStep) ([]string, error)
 	AddBootNonce(ctx context.Context, n store.BootNonce) (bool, error)
 	FindMachineByMAC(ctx context.Context, mac string) (store.Machine, error)
-	AddMachineEvent(ctx context.Context, e store.MachineEvent) error
 }
 
 // Events makes machine records of what site agents report.
@@ -230,13 +229,16 @@ func (e *Events) nonce(ctx context.Context, node store.Node, ev protocol.Event) 
 	} else if err != nil && !errors.Is(err, store.ErrNotFound) {
 		return ev, err
 	}
-	added, err := e.Store.AddBootNonce(ctx, store.BootNonce{Hash: h, MAC: mac, Site: node.Site, SiteNode: node.ID,
-		MachineID: machine, CreatedAt: now, ExpiresAt: b.ExpiresAt})
-	if err != nil || !added || machine == "" {
-		return ev, err
+	n := store.BootNonce{Hash: h, MAC: mac, Site: node.Site, SiteNode: node.ID, MachineID: machine, CreatedAt: now, ExpiresAt: b.ExpiresAt}
+	if machine != "" {
+		// In the nonce's own transaction: added apart, a gateway stopped
+		// between the two left the nonce without its timeline entry, and the
+		// replayed event found the nonce and added nothing.
+		data, _ := json.Marshal(map[string]any{"mac": mac, "expires_at": stored.ExpiresAt})
+		n.Event = &store.MachineEvent{MachineID: machine, Time: now, Kind: protocol.EventBootNonce,
+			Message: fmt.Sprintf("boot nonce minted for %s, valid until %s", mac, stored.ExpiresAt.Format(time.RFC3339)),
+			NodeID:  node.ID, Data: data}
 	}
-	data, _ := json.Marshal(map[string]any{"mac": mac, "expires_at": stored.ExpiresAt})
-	return ev, e.Store.AddMachineEvent(ctx, store.MachineEvent{MachineID: machine, Time: now, Kind: protocol.EventBootNonce,
-		Message: fmt.Sprintf("boot nonce minted for %s, valid until %s", mac, stored.ExpiresAt.Format(time.RFC3339)),
-		NodeID:  node.ID, Data: data})
+	_, err = e.Store.AddBootNonce(ctx, n)
+	return ev, err
 }

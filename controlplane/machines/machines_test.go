@@ -228,6 +228,53 @@ func TestEvents(t *testing.T) {
 	}
 }
 
+// stoppingStore is a store whose writes after the nonce's fail once, as they do
+// for a gateway that is stopping (its session's context cancelled).
+type stoppingStore struct {
+	store.Store
+	failed bool
+}
+
+func (s *stoppingStore) AddMachineEvent(ctx context.Context, e store.MachineEvent) error {
+	if !s.failed {
+		s.failed = true
+		return context.Canceled
+	}
+	return s.Store.AddMachineEvent(ctx, e)
+}
+
+// TestBootNonceEventSurvivesAnInterruptedStore: a boot.nonce whose handling
+// failed part way (serve restarted) is replayed by the site agent, and the
+// machine's timeline must then hold the nonce's entry. Stored in two
+// transactions, the nonce went in, its timeline entry did not, and the replay
+// found the nonce and added nothing: a provisioned machine whose timeline
+// lacked boot.nonce (seen in the 1,000-machine faults run).
+func TestBootNonceEventSurvivesAnInterruptedStore(t *testing.T) {
+	st := &stoppingStore{Store: cptest.NewStore(t)}
+	now := time.Now()
+	e := &Events{Store: st, Now: func() time.Time { return now }}
+	m := cptest.NewMachine(t, st.Store, nil)
+	site := store.Node{ID: "n_site", Role: protocol.RoleSite, Site: cptest.Site}
+	data, _ := json.Marshal(protocol.BootNonce{MAC: cptest.MAC, Nonce: "0123456789abcdef0123456789abcdef", ExpiresAt: now.Add(10 * time.Minute)})
+	ev := protocol.Event{Seq: 7, Kind: protocol.EventBootNonce, Time: now, Data: data}
+	for try := 0; try < 2; try++ {
+		if _, err := e.Event(ctx, site, ev); err == nil {
+			break
+		}
+		// An error leaves the event unacknowledged: the agent sends it again.
+	}
+	evs, _ := st.MachineEvents(ctx, m.ID, 0)
+	n := 0
+	for _, ev := range evs {
+		if ev.Kind == protocol.EventBootNonce {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Fatalf("%d boot.nonce entries in the machine's timeline after the replay, want 1", n)
+	}
+}
+
 // FuzzEvents feeds a site agent's event data, which the control plane
 // parses, to Events: it must never fail the session on junk, and a stored
 // boot.nonce event never carries what the agent sent.

@@ -314,12 +314,17 @@ type BootNonce struct {
 	DeferredAt time.Time `json:"deferred_at,omitzero"`
 	UsedAt     time.Time `json:"used_at,omitzero"`
 	UsedBy     string    `json:"used_by,omitempty"`
+	// Event, when set, is the machine's timeline entry for the nonce: AddBootNonce
+	// stores it in the transaction that adds the nonce, so a nonce is never
+	// stored without it (a replay of the event finds the nonce and adds nothing).
+	Event *MachineEvent `json:"-"`
 }
 
 // BootNonces holds boot nonces.
 type BootNonces interface {
-	// AddBootNonce stores a nonce; the same hash again changes nothing and
-	// reports false (a replayed event). Nonces that expired a day ago go.
+	// AddBootNonce stores a nonce, and its Event when set; the same hash again
+	// changes nothing and reports false (a replayed event). Nonces that expired
+	// a day ago go.
 	AddBootNonce(ctx context.Context, n BootNonce) (bool, error)
 	GetBootNonce(ctx context.Context, h token.Hash) (BootNonce, error)
 	// DeferBootNonce binds an unused nonce to the CSR of a join that waits

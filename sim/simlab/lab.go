@@ -29,6 +29,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/better-compute/bcd/sim"
@@ -61,8 +62,11 @@ type Lab struct {
 	// initrd the site serves: sim reads them whole and boots nothing, so their
 	// bytes are random, and small enough for a thousand machines on two cores.
 	KernelSize, InitrdSize int64
-	// Log receives progress lines; nil discards them.
+	// Log receives the lab's and sim's log lines; nil discards them.
 	Log io.Writer
+	// Progress, when set, receives sim's progress lines (sim.Progress, every
+	// sim.ProgressInterval) even when Log is nil.
+	Progress io.Writer
 	// MetricsServe and MetricsSite, when set, are host:port (on SiteIP) where
 	// serve (--metrics-listen) and bcd site ([metrics] listen) serve
 	// /metrics; Metrics scrapes them.
@@ -351,9 +355,14 @@ func (l *Lab) Run(ctx context.Context, o Options) (*sim.Result, error) {
 	}
 	args = append(args, o.Extra...)
 	cmd := l.simNS.CommandSameMounts(l.Bin.Bcd, args...)
-	w := l.Log
-	if w == nil {
-		w = io.Discard
+	// Killed with the process that runs the lab, like serve and the site agent.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	var w io.Writer = io.Discard
+	if l.Log != nil {
+		w = l.Log
+	}
+	if l.Progress != nil {
+		w = &progressTee{all: w, progress: l.Progress}
 	}
 	cmd.Stdout, cmd.Stderr = w, w
 	if err := cmd.Start(); err != nil {
@@ -393,8 +402,15 @@ func (l *Lab) Run(ctx context.Context, o Options) (*sim.Result, error) {
 	select {
 	case werr = <-waitDone:
 	case <-ctx.Done():
+		// sim prints what it has and exits; one that does not within a minute
+		// is killed.
 		cmd.Process.Signal(os.Interrupt)
-		werr = <-waitDone
+		select {
+		case werr = <-waitDone:
+		case <-time.After(time.Minute):
+			cmd.Process.Kill()
+			werr = <-waitDone
+		}
 	}
 	cancel()
 	for range o.Faults {
@@ -416,6 +432,32 @@ func (l *Lab) Run(ctx context.Context, o Options) (*sim.Result, error) {
 		return &r, ErrNotOK
 	}
 	return &r, werr
+}
+
+// progressTee writes everything to all and the lines that hold sim.Progress to
+// progress too. os/exec copies the child's output from one goroutine.
+type progressTee struct {
+	all, progress io.Writer
+	line          []byte
+}
+
+func (t *progressTee) Write(p []byte) (int, error) {
+	t.all.Write(p)
+	t.line = append(t.line, p...)
+	for {
+		i := bytes.IndexByte(t.line, '\n')
+		if i < 0 {
+			break
+		}
+		if bytes.Contains(t.line[:i], []byte(sim.Progress)) {
+			t.progress.Write(t.line[:i+1])
+		}
+		t.line = t.line[i+1:]
+	}
+	if len(t.line) > 64<<10 {
+		t.line = t.line[:0]
+	}
+	return len(p), nil
 }
 
 // Metrics GETs http://addr/metrics from inside the lab's namespace (where serve

@@ -365,7 +365,9 @@ func queryAll[T any](ctx context.Context, db *sql.DB, op string, scan func(inter
 
 type sqliteStore struct {
 	// w is the one connection that writes; r reads concurrently under WAL.
+	// Every write goes through gate (tx and exec).
 	w, r *sql.DB
+	gate writeGate
 	// stmts are the write connection's prepared statements of the hot paths.
 	stmts stmtCache
 }
@@ -413,11 +415,18 @@ func (s *sqliteStore) wstmt(ctx context.Context, tx *sql.Tx, query string) (*sql
 	return nil, fmt.Errorf("statement %q is not prepared", strings.Fields(query)[0])
 }
 
-// execw runs a write in tx, or on the write connection when tx is nil.
+// execw runs a write in tx, or on the write connection, through the gate, when tx
+// is nil.
 func (s *sqliteStore) execw(ctx context.Context, tx *sql.Tx, query string, args ...any) (sql.Result, error) {
 	st, err := s.wstmt(ctx, tx, query)
 	if err != nil {
 		return nil, err
+	}
+	if tx == nil {
+		if err := s.gate.acquire(ctx); err != nil {
+			return nil, err
+		}
+		defer s.gate.release()
 	}
 	return st.ExecContext(ctx, args...)
 }
@@ -517,6 +526,10 @@ func (s *sqliteStore) Close() error {
 
 // tx runs fn in a write transaction.
 func (s *sqliteStore) tx(ctx context.Context, fn func(*sql.Tx) error) error {
+	if err := s.gate.acquire(ctx); err != nil {
+		return err
+	}
+	defer s.gate.release()
 	tx, err := s.w.BeginTx(ctx, nil)
 	if err != nil {
 		return err
@@ -526,6 +539,15 @@ func (s *sqliteStore) tx(ctx context.Context, fn func(*sql.Tx) error) error {
 		return err
 	}
 	return tx.Commit()
+}
+
+// exec runs one write statement.
+func (s *sqliteStore) exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	if err := s.gate.acquire(ctx); err != nil {
+		return nil, err
+	}
+	defer s.gate.release()
+	return s.w.ExecContext(ctx, query, args...)
 }
 
 // ms is a time as stored; the zero time is NULL.

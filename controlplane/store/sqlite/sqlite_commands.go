@@ -73,7 +73,7 @@ func (s *sqliteStore) OpenCommands(ctx context.Context, nodeID string) ([]store.
 }
 
 func (s *sqliteStore) MarkSent(ctx context.Context, id string, at time.Time) error {
-	_, err := s.w.ExecContext(ctx, `UPDATE commands SET sent_at = ?,
+	_, err := s.exec(ctx, `UPDATE commands SET sent_at = ?,
 		state = CASE state WHEN 'PENDING' THEN 'SENT' ELSE state END, updated_at = ? WHERE id = ?`, ms(at), ms(at), id)
 	return wrap("mark command sent", err)
 }

@@ -453,7 +453,10 @@ func (s *sqliteStore) AddBootNonce(ctx context.Context, n store.BootNonce) (bool
 		}
 		k, err := rowsAffected(res)
 		added = k == 1
-		return err
+		if err != nil || !added || n.Event == nil {
+			return err
+		}
+		return addMachineEvent(ctx, tx, *n.Event)
 	})
 	return added, wrap("add boot nonce", err)
 }

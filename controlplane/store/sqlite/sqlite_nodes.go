@@ -194,7 +194,7 @@ func (s *sqliteStore) SetCordoned(ctx context.Context, id string, cordoned bool,
 }
 
 func (s *sqliteStore) SetNodeState(ctx context.Context, id, from, to string, at time.Time) (bool, error) {
-	res, err := s.w.ExecContext(ctx, `UPDATE nodes SET state = ?, updated_at = ? WHERE id = ? AND state = ? AND deleted_at IS NULL`,
+	res, err := s.exec(ctx, `UPDATE nodes SET state = ?, updated_at = ? WHERE id = ? AND state = ? AND deleted_at IS NULL`,
 		to, ms(at), id, from)
 	if err != nil {
 		return false, wrap("node state", err)

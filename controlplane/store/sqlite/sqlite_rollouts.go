@@ -117,7 +117,7 @@ func scanSection(sc interface{ Scan(...any) error }) (store.SectionStatus, error
 }
 
 func (s *sqliteStore) ApplySectionStatus(ctx context.Context, st store.SectionStatus) (bool, error) {
-	res, err := s.w.ExecContext(ctx, `INSERT INTO node_section_status (`+sectionColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+	res, err := s.exec(ctx, `INSERT INTO node_section_status (`+sectionColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (node_id, section) DO UPDATE SET state = excluded.state, reason = excluded.reason,
 			message = excluded.message, version = excluded.version, revision = excluded.revision, at = excluded.at,
 			received_at = excluded.received_at

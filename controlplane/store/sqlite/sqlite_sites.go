@@ -43,7 +43,7 @@ func (s *sqliteStore) CreateSite(ctx context.Context, site store.Site) error {
 	if err != nil {
 		return err
 	}
-	_, err = s.w.ExecContext(ctx, `INSERT INTO sites (name, auto_approve, http_proxy, spec_revision, created_at, updated_at)
+	_, err = s.exec(ctx, `INSERT INTO sites (name, auto_approve, http_proxy, spec_revision, created_at, updated_at)
 		VALUES (?, ?, ?, 1, ?, ?)`, site.Name, !site.ManualApproval(), proxy, ms(site.CreatedAt), ms(site.CreatedAt))
 	if isConstraint(err) {
 		return fmt.Errorf("store: site %q: %w", site.Name, store.ErrExists)
