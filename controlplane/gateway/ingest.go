@@ -44,7 +44,7 @@ func (in *ingester) put(ss *session, f protocol.Frame) {
 	for len(in.queue) >= ingestQueue && ss.ctx.Err() == nil {
 		in.space.Wait()
 	}
-	if ss.ctx.Err() != nil {
+	if ss.ctx.Err() != nil || ss.failed.Load() {
 		in.mu.Unlock()
 		return // the session ended; the agent replays what it did not see acknowledged
 	}
@@ -93,7 +93,7 @@ func (in *ingester) run() {
 		for _, ss := range order {
 			// A session that failed in an earlier round stores nothing more:
 			// its agent replays everything it has no ack of.
-			if ss.ctx.Err() == nil {
+			if ss.ctx.Err() == nil && !ss.failed.Load() {
 				ss.store(frames[ss])
 			}
 			delete(frames, ss)

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -10,10 +11,12 @@ import (
 	"github.com/better-compute/bcd/protocol"
 )
 
-// gatedStore holds the first AddEvents until open is closed, and counts the calls.
+// gatedStore holds the first AddEvents until open is closed, and counts the calls;
+// with fail set, that first call fails.
 type gatedStore struct {
 	Store
 	open  chan struct{}
+	fail  bool
 	mu    sync.Mutex
 	calls []int // events per AddEvents call
 }
@@ -25,6 +28,9 @@ func (g *gatedStore) AddEvents(c context.Context, evs []store.Event) error {
 	g.mu.Unlock()
 	if first {
 		<-g.open
+		if g.fail {
+			return errors.New("disk I/O error")
+		}
 	}
 	return g.Store.AddEvents(c, evs)
 }
@@ -86,5 +92,57 @@ func TestEventsStoredInBatches(t *testing.T) {
 	}
 	if len(acks) > 2 || acks[0] != 1 {
 		t.Errorf("acks %v, want 1 then %d", acks, more+1)
+	}
+}
+
+// TestNothingStoredAfterAFailedBatch: once storing an event failed, the events the
+// session read behind it are neither stored nor acknowledged (an ack of a later
+// one would tell the agent to drop the one that failed), and the session ends.
+func TestNothingStoredAfterAFailedBatch(t *testing.T) {
+	var g *gatedStore
+	e := start(t, func(s *Server) {
+		g = &gatedStore{Store: s.Store, open: make(chan struct{}), fail: true}
+		s.Store = g
+	})
+	_, res, cert := e.joined("node")
+	c, _, err := e.dial(&cert)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.send(protocol.FrameHello, hello(res))
+	var w protocol.Welcome
+	c.expect(protocol.FrameWelcome, &w)
+	c.send(protocol.FrameEvent, protocol.Event{Seq: 1, Kind: protocol.EventLog, Time: time.Now(), Message: "fails"})
+	e.waitFor("the first event to reach the store", func() bool {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return len(g.calls) == 1
+	})
+	for seq := uint64(2); seq <= 11; seq++ {
+		c.send(protocol.FrameEvent, protocol.Event{Seq: seq, Kind: protocol.EventLog, Time: time.Now(), Message: "behind it"})
+	}
+	e.waitFor("the events behind it to be queued", func() bool { return e.gw.ingest.queued() == 10 })
+	close(g.open)
+	var sawError bool
+	for {
+		f, err := c.recv()
+		if err != nil {
+			break // the session ended
+		}
+		switch f.Type {
+		case protocol.FrameAck:
+			t.Errorf("an ack after a failed store: %s", f.Data)
+		case protocol.FrameError:
+			sawError = true
+		}
+	}
+	if !sawError {
+		t.Error("the session ended without saying why")
+	}
+	e.waitFor("the ingester to finish", func() bool { return e.gw.ingest.queued() == 0 })
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.calls) != 1 {
+		t.Errorf("AddEvents called %d times after the failure, want none", len(g.calls)-1)
 	}
 }

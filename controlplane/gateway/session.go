@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
@@ -64,6 +65,10 @@ type session struct {
 	specKick chan struct{}
 	specRev  int64
 	ended    sync.Once
+	// failed is set once the session failed: the ingester stores nothing more of
+	// it, though frames read before its context ends may still be queued (an
+	// ack of a later entry would cover the one that failed).
+	failed atomic.Bool
 	// closed is closed once the close handshake end started has finished.
 	closed chan struct{}
 	// sent holds the commands written in this session; only writeLoop
@@ -723,6 +728,7 @@ func (ss *session) write(b []byte) error {
 
 // fail tells the agent why in an Error frame, then ends the session.
 func (ss *session) fail(code websocket.StatusCode, err error) {
+	ss.failed.Store(true)
 	e := httpjson.Response(err)
 	if e == nil {
 		e = httpjson.Errorf(protocol.CodeInternal, "%v", err)
