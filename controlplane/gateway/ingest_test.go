@@ -18,13 +18,17 @@ type gatedStore struct {
 	open  chan struct{}
 	fail  bool
 	mu    sync.Mutex
-	calls []int // events per AddEvents call
+	calls []int    // events per AddEvents call
+	nodes []string // the node of each call
 }
 
 func (g *gatedStore) AddEvents(c context.Context, evs []store.Event) error {
 	g.mu.Lock()
 	first := len(g.calls) == 0
 	g.calls = append(g.calls, len(evs))
+	if len(evs) > 0 {
+		g.nodes = append(g.nodes, evs[0].NodeID)
+	}
 	g.mu.Unlock()
 	if first {
 		<-g.open
@@ -38,7 +42,7 @@ func (g *gatedStore) AddEvents(c context.Context, evs []store.Event) error {
 func (in *ingester) queued() int {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	return len(in.queue)
+	return len(in.first) + len(in.rest)
 }
 
 // TestEventsStoredInBatches: events that arrive while the store is busy are
@@ -144,5 +148,50 @@ func TestNothingStoredAfterAFailedBatch(t *testing.T) {
 	defer g.mu.Unlock()
 	if len(g.calls) != 1 {
 		t.Errorf("AddEvents called %d times after the failure, want none", len(g.calls)-1)
+	}
+}
+
+// TestSiteSessionStoredFirst: a site agent's events queued behind hundreds of a
+// node's are stored in the next round, ahead of them: its stream carries the
+// nonces every ramdisk of its site waits for.
+func TestSiteSessionStoredFirst(t *testing.T) {
+	var g *gatedStore
+	e := start(t, func(s *Server) {
+		g = &gatedStore{Store: s.Store, open: make(chan struct{})}
+		s.Store = g
+	})
+	dial := func(role string) (*wsClient, string) {
+		_, res, cert := e.joined(role)
+		c, _, err := e.dial(&cert)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.send(protocol.FrameHello, hello(res))
+		c.expect(protocol.FrameWelcome, nil)
+		return c, res.NodeID
+	}
+	node, nodeID := dial(protocol.RoleNode)
+	site, siteID := dial(protocol.RoleSite)
+	node.send(protocol.FrameEvent, protocol.Event{Seq: 1, Kind: protocol.EventLog, Time: time.Now(), Message: "first"})
+	e.waitFor("the first event to reach the store", func() bool {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return len(g.calls) == 1
+	})
+	const behind = 2 * ingestBatch
+	for seq := uint64(2); seq <= behind+1; seq++ {
+		node.send(protocol.FrameEvent, protocol.Event{Seq: seq, Kind: protocol.EventLog, Time: time.Now(), Message: "status"})
+	}
+	e.waitFor("the node's events to be queued", func() bool { return e.gw.ingest.queued() == behind })
+	site.send(protocol.FrameEvent, protocol.Event{Seq: 1, Kind: protocol.EventLog, Time: time.Now(), Message: "nonce"})
+	e.waitFor("the site's event to be queued", func() bool { return e.gw.ingest.queued() == behind+1 })
+	close(g.open)
+	e.waitFor("everything to be stored", func() bool { return e.gw.ingest.queued() == 0 })
+	var ack protocol.Ack
+	site.expect(protocol.FrameAck, &ack)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.nodes) < 3 || g.nodes[0] != nodeID || g.nodes[1] != siteID {
+		t.Errorf("stored in the order %v, want %s's first event, then %s's, then the rest", g.nodes, nodeID, siteID)
 	}
 }
