@@ -21,8 +21,9 @@ type Process struct {
 
 // StartProcess starts cmd with its stdout and stderr in logPath, in a session of
 // its own and killed (SIGKILL) when the process that started it dies, so a
-// test or benchmark that is killed leaves no service behind. (ip netns exec and
-// nsenter exec the command without forking: it keeps the death signal.)
+// test or benchmark that is killed leaves no service behind (StartKilledWithUs).
+// (ip netns exec and nsenter exec the command without forking: it keeps the death
+// signal.)
 func StartProcess(name string, cmd *exec.Cmd, logPath string) (*Process, error) {
 	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
 		return nil, fmt.Errorf("testbed: %w", err)
@@ -33,9 +34,9 @@ func StartProcess(name string, cmd *exec.Cmd, logPath string) (*Process, error) 
 	}
 	cmd.Stdout, cmd.Stderr = f, f
 	if cmd.SysProcAttr == nil {
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	}
-	if err := cmd.Start(); err != nil {
+	if err := StartKilledWithUs(cmd); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("testbed: start %s: %w", name, err)
 	}

@@ -29,7 +29,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/better-compute/bcd/sim"
@@ -355,8 +354,6 @@ func (l *Lab) Run(ctx context.Context, o Options) (*sim.Result, error) {
 	}
 	args = append(args, o.Extra...)
 	cmd := l.simNS.CommandSameMounts(l.Bin.Bcd, args...)
-	// Killed with the process that runs the lab, like serve and the site agent.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	var w io.Writer = io.Discard
 	if l.Log != nil {
 		w = l.Log
@@ -365,7 +362,8 @@ func (l *Lab) Run(ctx context.Context, o Options) (*sim.Result, error) {
 		w = &progressTee{all: w, progress: l.Progress}
 	}
 	cmd.Stdout, cmd.Stderr = w, w
-	if err := cmd.Start(); err != nil {
+	// Killed with the process that runs the lab, like serve and the site agent.
+	if err := testbed.StartKilledWithUs(cmd); err != nil {
 		return nil, err
 	}
 	waitDone := make(chan error, 1)
