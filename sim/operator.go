@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/better-compute/bcd/agent"
@@ -48,7 +50,31 @@ func (e *APIError) Error() string {
 	return fmt.Sprintf("api: %d %s", e.Status, strings.TrimSpace(e.Body))
 }
 
+// operatorRetry bounds how long a call waits for serve to come back: a faults run
+// restarts serve while sim may still be registering machines, and an operator's
+// tool would retry what serve never took.
+const operatorRetry = time.Minute
+
+// do calls the api, again while serve refuses the connection (nothing was sent) or
+// answers 503 (nothing was done), for up to operatorRetry.
 func (o *operator) do(ctx context.Context, method, path string, in, out any) error {
+	deadline := time.Now().Add(operatorRetry)
+	for {
+		err := o.once(ctx, method, path, in, out)
+		var ae *APIError
+		retry := errors.Is(err, syscall.ECONNREFUSED) || errors.As(err, &ae) && ae.Status == http.StatusServiceUnavailable
+		if !retry || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+func (o *operator) once(ctx context.Context, method, path string, in, out any) error {
 	var body io.Reader
 	if in != nil {
 		b, err := json.Marshal(in)
