@@ -9,7 +9,9 @@ import (
 
 // Bounds of the ingester.
 const (
-	// ingestQueue bounds the frames read and not yet stored, over all sessions;
+	// ingestQueue bounds the frames read and not yet stored, of the sessions with
+	// priority and of the others apart (so that a thousand ramdisks filling theirs
+	// never stop the site agent's reader);
 	// a reader that finds it full waits, and its agent with it.
 	ingestQueue = 4096
 	// ingestBatch bounds the frames one round stores; of them, a round takes at
@@ -48,14 +50,15 @@ func (in *ingester) put(ss *session, f protocol.Frame) {
 	if in.space.L == nil {
 		in.space.L = &in.mu
 	}
-	for len(in.first)+len(in.rest) >= ingestQueue && ss.ctx.Err() == nil {
+	prio := store.HasPriority(ss.ctx)
+	for ss.ctx.Err() == nil && (prio && len(in.first) >= ingestQueue || !prio && len(in.rest) >= ingestQueue) {
 		in.space.Wait()
 	}
 	if ss.ctx.Err() != nil || ss.failed.Load() {
 		in.mu.Unlock()
 		return // the session ended; the agent replays what it did not see acknowledged
 	}
-	if store.HasPriority(ss.ctx) {
+	if prio {
 		in.first = append(in.first, ingestItem{ss, f})
 	} else {
 		in.rest = append(in.rest, ingestItem{ss, f})

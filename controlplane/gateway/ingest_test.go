@@ -151,7 +151,7 @@ func TestNothingStoredAfterAFailedBatch(t *testing.T) {
 	}
 }
 
-// TestSiteSessionStoredFirst: a site agent's events queued behind hundreds of a
+// TestSiteSessionStoredFirst: a site agent's events queued behind a full queue of a
 // node's are stored in the next round, ahead of them: its stream carries the
 // nonces every ramdisk of its site waits for.
 func TestSiteSessionStoredFirst(t *testing.T) {
@@ -178,7 +178,7 @@ func TestSiteSessionStoredFirst(t *testing.T) {
 		defer g.mu.Unlock()
 		return len(g.calls) == 1
 	})
-	const behind = 2 * ingestBatch
+	const behind = ingestQueue // the others' queue full: the site's reader must not wait for it
 	for seq := uint64(2); seq <= behind+1; seq++ {
 		node.send(protocol.FrameEvent, protocol.Event{Seq: seq, Kind: protocol.EventLog, Time: time.Now(), Message: "status"})
 	}
