@@ -132,8 +132,11 @@ type Server struct {
 	sessions map[string]*session
 	closed   bool
 	wg       sync.WaitGroup
-	// ingest stores what every session reads, in batches (ingest.go).
-	ingest ingester
+	// ingest stores what every session reads, in batches (ingest.go): [0] the
+	// site agents' sessions, whose writes have priority, [1] every other one's.
+	// Apart, so that a site agent's boot nonces never wait for a round of a
+	// thousand ramdisks' statuses to be stored (the ramdisks' joins wait for them).
+	ingest ingesters
 }
 
 func (s *Server) now() time.Time {

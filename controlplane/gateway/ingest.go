@@ -39,6 +39,17 @@ type ingester struct {
 	running bool
 }
 
+// ingesters are the server's two: one for sessions with priority, one for the rest.
+type ingesters [2]ingester
+
+func (is *ingesters) put(ss *session, f protocol.Frame) {
+	if store.HasPriority(ss.ctx) {
+		is[0].put(ss, f)
+		return
+	}
+	is[1].put(ss, f)
+}
+
 type ingestItem struct {
 	ss *session
 	f  protocol.Frame

@@ -45,6 +45,8 @@ func (in *ingester) queued() int {
 	return len(in.first) + len(in.rest)
 }
 
+func (is *ingesters) queued() int { return is[0].queued() + is[1].queued() }
+
 // TestEventsStoredInBatches: events that arrive while the store is busy are
 // stored together, in order, in one transaction, and acknowledged with one ack
 // for the last; a status among them keeps its place.
@@ -151,7 +153,7 @@ func TestNothingStoredAfterAFailedBatch(t *testing.T) {
 	}
 }
 
-// TestSiteSessionStoredFirst: a site agent's events queued behind a full queue of a
+// TestSiteSessionStoredFirst: a site agent's events sent behind a full queue of a
 // node's are stored in the next round, ahead of them: its stream carries the
 // nonces every ramdisk of its site waits for.
 func TestSiteSessionStoredFirst(t *testing.T) {
@@ -184,7 +186,13 @@ func TestSiteSessionStoredFirst(t *testing.T) {
 	}
 	e.waitFor("the node's events to be queued", func() bool { return e.gw.ingest.queued() == behind })
 	site.send(protocol.FrameEvent, protocol.Event{Seq: 1, Kind: protocol.EventLog, Time: time.Now(), Message: "nonce"})
-	e.waitFor("the site's event to be queued", func() bool { return e.gw.ingest.queued() == behind+1 })
+	// Stored while the node's first store still holds the one write
+	// connection's turn, and with a full queue of the node's behind it.
+	e.waitFor("the site's event to be stored", func() bool {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return len(g.nodes) == 2 && g.nodes[1] == siteID
+	})
 	close(g.open)
 	e.waitFor("everything to be stored", func() bool { return e.gw.ingest.queued() == 0 })
 	var ack protocol.Ack
