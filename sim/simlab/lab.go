@@ -361,6 +361,9 @@ func (l *Lab) Run(ctx context.Context, o Options) (*sim.Result, error) {
 	if l.Progress != nil {
 		w = &progressTee{all: w, progress: l.Progress}
 	}
+	// sim's last words, for the error when it ends without a result.
+	last := &tailBuffer{max: 4 << 10}
+	w = io.MultiWriter(w, last)
 	cmd.Stdout, cmd.Stderr = w, w
 	// Killed with the process that runs the lab, like serve and the site agent.
 	if err := testbed.StartKilledWithUs(cmd); err != nil {
@@ -418,7 +421,7 @@ func (l *Lab) Run(ctx context.Context, o Options) (*sim.Result, error) {
 	}
 	b, rerr := os.ReadFile(jsonOut)
 	if rerr != nil {
-		return nil, fmt.Errorf("simlab: bcd sim: %v (no result: %v)", werr, rerr)
+		return nil, fmt.Errorf("simlab: bcd sim: %v (no result: %v); its output ended:\n%s", werr, rerr, last.String())
 	}
 	var r sim.Result
 	if err := json.Unmarshal(b, &r); err != nil {
@@ -568,4 +571,27 @@ func fileSHA256(path string) (string, error) {
 	}
 	s := sha256.Sum256(b)
 	return hex.EncodeToString(s[:]), nil
+}
+
+// tailBuffer keeps the last max bytes written to it.
+type tailBuffer struct {
+	mu  sync.Mutex
+	max int
+	b   []byte
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.b = append(t.b, p...)
+	if len(t.b) > t.max {
+		t.b = append(t.b[:0], t.b[len(t.b)-t.max:]...)
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return string(t.b)
 }
