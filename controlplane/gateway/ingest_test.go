@@ -11,6 +11,19 @@ import (
 	"github.com/better-compute/bcd/protocol"
 )
 
+// welcomed joins a node of role and opens its session up to the Welcome.
+func welcomed(t *testing.T, e *env, role string) (*wsClient, string) {
+	t.Helper()
+	_, res, cert := e.joined(role)
+	c, _, err := e.dial(&cert)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.send(protocol.FrameHello, hello(res))
+	c.expect(protocol.FrameWelcome, nil)
+	return c, res.NodeID
+}
+
 // gatedStore holds the first AddEvents until open is closed, and counts the calls;
 // with fail set, that first call fails.
 type gatedStore struct {
@@ -42,7 +55,7 @@ func (g *gatedStore) AddEvents(c context.Context, evs []store.Event) error {
 func (in *ingester) queued() int {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	return len(in.first) + len(in.rest)
+	return len(in.queue)
 }
 
 func (is *ingesters) queued() int { return is[0].queued() + is[1].queued() }
@@ -56,14 +69,7 @@ func TestEventsStoredInBatches(t *testing.T) {
 		g = &gatedStore{Store: s.Store, open: make(chan struct{})}
 		s.Store = g
 	})
-	_, res, cert := e.joined("node")
-	c, _, err := e.dial(&cert)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.send(protocol.FrameHello, hello(res))
-	var w protocol.Welcome
-	c.expect(protocol.FrameWelcome, &w)
+	c, _ := welcomed(t, e, protocol.RoleNode)
 
 	c.send(protocol.FrameEvent, protocol.Event{Seq: 1, Kind: protocol.EventLog, Time: time.Now(), Message: "first"})
 	e.waitFor("the first event to reach the store", func() bool {
@@ -110,14 +116,7 @@ func TestNothingStoredAfterAFailedBatch(t *testing.T) {
 		g = &gatedStore{Store: s.Store, open: make(chan struct{}), fail: true}
 		s.Store = g
 	})
-	_, res, cert := e.joined("node")
-	c, _, err := e.dial(&cert)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.send(protocol.FrameHello, hello(res))
-	var w protocol.Welcome
-	c.expect(protocol.FrameWelcome, &w)
+	c, _ := welcomed(t, e, protocol.RoleNode)
 	c.send(protocol.FrameEvent, protocol.Event{Seq: 1, Kind: protocol.EventLog, Time: time.Now(), Message: "fails"})
 	e.waitFor("the first event to reach the store", func() bool {
 		g.mu.Lock()
@@ -162,18 +161,8 @@ func TestSiteSessionStoredFirst(t *testing.T) {
 		g = &gatedStore{Store: s.Store, open: make(chan struct{})}
 		s.Store = g
 	})
-	dial := func(role string) (*wsClient, string) {
-		_, res, cert := e.joined(role)
-		c, _, err := e.dial(&cert)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.send(protocol.FrameHello, hello(res))
-		c.expect(protocol.FrameWelcome, nil)
-		return c, res.NodeID
-	}
-	node, nodeID := dial(protocol.RoleNode)
-	site, siteID := dial(protocol.RoleSite)
+	node, nodeID := welcomed(t, e, protocol.RoleNode)
+	site, siteID := welcomed(t, e, protocol.RoleSite)
 	node.send(protocol.FrameEvent, protocol.Event{Seq: 1, Kind: protocol.EventLog, Time: time.Now(), Message: "first"})
 	e.waitFor("the first event to reach the store", func() bool {
 		g.mu.Lock()
