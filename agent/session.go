@@ -713,7 +713,7 @@ func (a *acker) start(j *journal.Journal, log *slog.Logger) (stop func()) {
 	}
 }
 
-// note records an ack; without a running remover it applies it at once.
+// note records an ack for the remover Run started.
 func (a *acker) note(seq uint64) {
 	a.mu.Lock()
 	if seq > a.latest {
@@ -721,10 +721,6 @@ func (a *acker) note(seq uint64) {
 	}
 	kick := a.kick
 	a.mu.Unlock()
-	if kick == nil {
-		a.apply()
-		return
-	}
 	select {
 	case kick <- struct{}{}:
 	default: // a removal is already due; it will see this seq
