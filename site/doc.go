@@ -36,7 +36,10 @@
 // valid protocol.BootNonceLifetime) is journaled, and sent when the session is up,
 // before the script is returned; if it cannot be journaled the script is refused
 // with 503. What the boot servers hand out is reported as machine.booted events
-// (protocol.MachineBooted), at most one per MAC and stage per EventInterval. TFTP,
+// (protocol.MachineBooted), at most one per MAC and stage per interval: EventInterval
+// after the first, doubling while the serves go on (up to 30 s), each event's Count
+// the serves it stands for; the flushes of a storm's bursts are spread over the
+// interval rather than sent at one tick. TFTP,
 // kernel and initrd requests carry no MAC: they are attributed to the MAC last
 // seen from the same address (proxyDHCP's port 4011 exchange, the script request)
 // within 15 minutes, else to the one the kernel's neighbour table (/proc/net/arp)

@@ -1,6 +1,7 @@
 package site
 
 import (
+	"container/heap"
 	"context"
 	"encoding/json"
 	"log/slog"
@@ -21,6 +22,20 @@ const (
 	// for the same MAC and stage: a machine stuck in a boot loop costs the journal
 	// one entry per stage per interval, not one per packet.
 	DefaultEventInterval = time.Second
+	// maxEventInterval bounds the backoff of a MAC and stage served without pause:
+	// each event that reports serves coalesced behind an earlier one doubles the
+	// interval before the next, up to this; a MAC and stage not served for this
+	// long starts again at the base interval. A machine that loops through its
+	// boot all day costs two events a minute per stage, not 3,600 an hour.
+	maxEventInterval = 30 * time.Second
+	// flushSlices is how many flushes run per base interval. Each burst's count is
+	// flushed when its own interval ends, not at one tick for all: a storm's
+	// events then leave in a steady stream rather than in one batch a second that
+	// takes the control plane's core (and the site's) all at once.
+	flushSlices = 8
+	// flushChunk bounds the bursts one hold of the lock flushes, so the boot
+	// servers' Observe never waits behind a long flush.
+	flushChunk = 64
 	// eventQueue bounds the events waiting for the journal; beyond it an event's
 	// count waits in its burst for a later flush, because the boot servers must
 	// never wait.
@@ -69,10 +84,10 @@ type reporter struct {
 	dropped   atomic.Uint64
 	noMAC     atomic.Uint64 // no MAC known for the client address
 
-	mu    sync.Mutex
-	last  map[burstKey]*burst
-	dirty map[burstKey]struct{} // bursts with a count waiting for the flush
-	ips   map[netip.Addr]ipMAC
+	mu   sync.Mutex
+	last map[burstKey]*burst
+	due  dueHeap // when each burst's interval ends, soonest first
+	ips  map[netip.Addr]ipMAC
 }
 
 // burstKey is a MAC and stage, or an address and stage while the MAC is unknown.
@@ -84,9 +99,32 @@ type burstKey struct {
 
 // burst is the state of one MAC and stage.
 type burst struct {
-	sent    time.Time   // the last event's
-	pending int         // serves since it, not yet reported
-	latest  bootedEvent // the last of them
+	sent    time.Time     // the last event's
+	every   time.Duration // the interval after it: the base one, or more while the serves keep coming
+	pending int           // serves since it, not yet reported
+	latest  bootedEvent   // the last of them
+}
+
+// dueBurst is a burst whose interval ends at at; sent tells a stale entry (the
+// burst sent again since, or was forgotten) from the current one.
+type dueBurst struct {
+	at   time.Time
+	sent time.Time
+	key  burstKey
+}
+
+// dueHeap is a min-heap of dueBurst by at (container/heap).
+type dueHeap []dueBurst
+
+func (h dueHeap) Len() int           { return len(h) }
+func (h dueHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h dueHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *dueHeap) Push(x any)        { *h = append(*h, x.(dueBurst)) }
+func (h *dueHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
 }
 
 // bootedEvent is a machine.bootedEvent event before its text is made, off the servers' path.
@@ -114,7 +152,7 @@ func newReporter(sink eventSink, log *slog.Logger, now func() time.Time, interva
 	}
 	return &reporter{sink: sink, log: log, now: now, interval: interval, neighbor: neighborMAC,
 		queue: make(chan bootedEvent, eventQueue),
-		last:  map[burstKey]*burst{}, dirty: map[burstKey]struct{}{}, ips: map[netip.Addr]ipMAC{}}
+		last:  map[burstKey]*burst{}, ips: map[netip.Addr]ipMAC{}}
 }
 
 // runningServers are what the Stats methods of a running Site read.
@@ -203,10 +241,12 @@ func (r *reporter) Observe(ev boot.Event) {
 		return
 	}
 	st := r.last[b.key]
-	if st != nil && now.Sub(st.sent) < r.interval {
+	// Within the interval, or after it while serves wait for their flush: the
+	// flush reports them, in its turn (flushSlice), so that a storm's bursts
+	// whose intervals end together do not all leave in the same instant.
+	if st != nil && (now.Sub(st.sent) < st.every || st.pending > 0) {
 		st.pending++
 		st.latest = b
-		r.dirty[b.key] = struct{}{}
 		r.mu.Unlock()
 		r.limited.Add(1)
 		return
@@ -215,53 +255,95 @@ func (r *reporter) Observe(ev boot.Event) {
 		if len(r.last) >= maxTracked || len(r.ips) >= maxTracked {
 			r.sweepLocked(now)
 		}
-		st = &burst{}
+		st = &burst{every: r.interval}
 		r.last[b.key] = st
 	}
-	// An earlier burst whose flush has not run yet goes into this event.
-	b.count += st.pending
-	st.sent, st.pending = now, 0
-	delete(r.dirty, b.key)
-	r.enqueueLocked(st, b)
+	// After a pause as long as the longest interval the MAC and stage start again
+	// at the base one.
+	if now.Sub(st.sent) >= maxEventInterval {
+		st.every = r.interval
+	}
+	st.sent = now
+	r.sendLocked(st, b)
 	r.mu.Unlock()
 }
 
-// enqueueLocked queues b, or, with the queue full, folds it back into its burst
-// for a later flush: the servers never wait, and the count is kept.
-func (r *reporter) enqueueLocked(st *burst, b bootedEvent) {
+// sendLocked queues b, the event that opens st's interval, and notes when that
+// interval ends. With the queue full it folds b back into its burst for a later
+// flush: the servers never wait, and the count is kept.
+func (r *reporter) sendLocked(st *burst, b bootedEvent) {
 	select {
 	case r.queue <- b:
+		heap.Push(&r.due, dueBurst{at: st.sent.Add(st.every), sent: st.sent, key: b.key})
 	default:
 		st.pending += b.count
 		st.latest = b
-		r.dirty[b.key] = struct{}{}
+		// Due now: the next flush tries again.
+		heap.Push(&r.due, dueBurst{at: st.sent, sent: st.sent, key: b.key})
 	}
 }
 
 // flush queues an event for every burst whose interval is over and whose serves
-// no event reported yet.
-func (r *reporter) flush() {
+// no event reported yet, a chunk of bursts per hold of the lock; it stops when the
+// queue is full (the rest waits for the next flush).
+func (r *reporter) flush() { r.flushUpTo(-1) }
+
+// flushSlice is run's flush, once per slice of the interval. It flushes at most an
+// even share of the bursts tracked, so that the bursts of a storm whose intervals
+// all end together (a thousand machines first served within the same few
+// milliseconds) leave over one interval, and from then on each burst's next
+// interval ends in its own slice.
+func (r *reporter) flushSlice() {
+	r.mu.Lock()
+	share := max(flushChunk, (len(r.last)+flushSlices-1)/flushSlices)
+	r.mu.Unlock()
+	r.flushUpTo(share)
+}
+
+// flushUpTo flushes up to limit due bursts, all of them when limit is negative.
+func (r *reporter) flushUpTo(limit int) {
 	now := r.now()
+	for limit != 0 {
+		chunk := flushChunk
+		if limit > 0 {
+			chunk = min(chunk, limit)
+		}
+		n, more := r.flushChunk(now, chunk)
+		if limit > 0 {
+			limit -= n
+		}
+		if !more {
+			return
+		}
+	}
+}
+
+// flushChunk flushes up to chunk bursts that are due at now: how many, and true
+// when more may be due.
+func (r *reporter) flushChunk(now time.Time, chunk int) (int, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for k := range r.dirty {
-		st := r.last[k]
-		if st == nil || st.pending == 0 {
-			delete(r.dirty, k)
-			continue
+	sent := 0
+	for sent < chunk {
+		if len(r.due) == 0 || r.due[0].at.After(now) {
+			return sent, false
 		}
-		if now.Sub(st.sent) < r.interval {
-			continue
+		d := heap.Pop(&r.due).(dueBurst)
+		st := r.last[d.key]
+		if st == nil || !st.sent.Equal(d.sent) || st.pending == 0 {
+			continue // stale, or nothing came within the interval
 		}
 		b := st.latest
 		b.count = st.pending
+		st.every = min(2*st.every, max(r.interval, maxEventInterval))
 		st.sent, st.pending = now, 0
-		delete(r.dirty, k)
-		r.enqueueLocked(st, b)
+		r.sendLocked(st, b)
 		if st.pending != 0 {
-			return // the queue is full: the rest waits for the next flush
+			return sent, false // the queue is full
 		}
+		sent++
 	}
+	return sent, true
 }
 
 // sweepLocked forgets bursts past their interval that have nothing to report and
@@ -269,7 +351,7 @@ func (r *reporter) flush() {
 // grow, counting the serves not yet reported as dropped.
 func (r *reporter) sweepLocked(now time.Time) {
 	for k, st := range r.last {
-		if st.pending == 0 && now.Sub(st.sent) >= r.interval {
+		if st.pending == 0 && now.Sub(st.sent) >= st.every {
 			delete(r.last, k)
 		}
 	}
@@ -285,24 +367,40 @@ func (r *reporter) sweepLocked(now time.Time) {
 		}
 		r.dropped.Add(lost)
 		clear(r.last)
-		clear(r.dirty)
+	}
+	// Entries of forgotten bursts are stale; drop them rather than keep a heap
+	// larger than the table.
+	if len(r.due) > 2*len(r.last)+flushChunk {
+		kept := r.due[:0]
+		for _, d := range r.due {
+			if st := r.last[d.key]; st != nil && st.sent.Equal(d.sent) {
+				kept = append(kept, d)
+			}
+		}
+		r.due = kept
+		heap.Init(&r.due)
 	}
 	if len(r.ips) >= maxTracked {
 		clear(r.ips)
 	}
 }
 
+// flushEvery is how often run flushes: a slice of the interval.
+func (r *reporter) flushEvery() time.Duration {
+	return max(r.interval/flushSlices, time.Millisecond)
+}
+
 // run journals queued events until ctx is done, flushing the counts of bursts as
 // their intervals end, then flushes and journals what is still waiting.
 func (r *reporter) run(ctx context.Context) {
-	tick := time.NewTicker(r.interval)
+	tick := time.NewTicker(r.flushEvery())
 	defer tick.Stop()
 	for {
 		select {
 		case b := <-r.queue:
 			r.emitQueued(b)
 		case <-tick.C:
-			r.flush()
+			r.flushSlice()
 		case <-ctx.Done():
 			r.drainAll()
 			return
@@ -314,8 +412,8 @@ func (r *reporter) run(ctx context.Context) {
 func (r *reporter) drainAll() {
 	for {
 		r.mu.Lock()
-		for _, st := range r.last {
-			st.sent = time.Time{} // every burst's interval is over
+		for i := range r.due {
+			r.due[i].at = time.Time{} // every burst's interval is over
 		}
 		r.mu.Unlock()
 		r.flush()

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -90,7 +91,9 @@ var (
 )
 
 // TestEventsRateLimited: a machine looping through its boot costs one event per MAC
-// and stage per interval, whatever the packet rate.
+// and stage per interval, whatever the packet rate: the first serve's event at
+// once, the serves after it in the count of the event the flush sends when the
+// interval is over.
 func TestEventsRateLimited(t *testing.T) {
 	sink := &memSink{}
 	now := time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
@@ -103,7 +106,9 @@ func TestEventsRateLimited(t *testing.T) {
 	}
 	now = now.Add(999 * time.Millisecond)
 	r.Observe(boot.Event{Served: boot.ServedOffer, MAC: macA, Arch: 7, Time: now})
+	r.flush() // nothing is due yet
 	now = now.Add(time.Millisecond)
+	// Past the interval, but with serves waiting: into the count of the flush's event.
 	r.Observe(boot.Event{Served: boot.ServedOffer, MAC: macA, Arch: 7, Time: now})
 	r.drain()
 	got := booted(t, sink.all())
@@ -111,27 +116,21 @@ func TestEventsRateLimited(t *testing.T) {
 	for _, mb := range got {
 		lines = append(lines, mb.MAC+" "+mb.Stage)
 	}
-	want := "52:54:00:12:34:56 dhcp,52:54:00:12:34:56 pxe,52:54:00:12:34:57 dhcp,52:54:00:12:34:56 dhcp"
+	want := "52:54:00:12:34:56 dhcp,52:54:00:12:34:56 pxe,52:54:00:12:34:57 dhcp"
 	if strings.Join(lines, ",") != want {
 		t.Errorf("events:\n%s\nwant\n%s", strings.Join(lines, ","), want)
 	}
-	if n := r.limited.Load(); n != 3*1000-3+1 {
+	if n := r.limited.Load(); n != 3*1000-3+2 {
 		t.Errorf("limited = %d", n)
 	}
-	// The coalesced serves are in the next event's count; the rest, whose
-	// interval is over, in the flush's.
-	if c := got[3].Count; c != 1001 {
-		t.Errorf("second dhcp event of %s stands for %d serves, want 1001", macA, c)
-	}
-	now = now.Add(time.Second)
 	r.flush()
 	r.drain()
 	var counts []string
-	for _, mb := range booted(t, sink.all())[4:] {
+	for _, mb := range booted(t, sink.all())[3:] {
 		counts = append(counts, fmt.Sprintf("%s %s ×%d", mb.MAC, mb.Stage, mb.Count))
 	}
 	sort.Strings(counts)
-	want = "52:54:00:12:34:56 pxe ×999,52:54:00:12:34:57 dhcp ×999"
+	want = "52:54:00:12:34:56 dhcp ×1001,52:54:00:12:34:56 pxe ×999,52:54:00:12:34:57 dhcp ×999"
 	if strings.Join(counts, ",") != want {
 		t.Errorf("flushed:\n%s\nwant\n%s", strings.Join(counts, ","), want)
 	}
@@ -356,4 +355,106 @@ func FuzzParseARP(f *testing.F) {
 			t.Fatalf("MAC of %d bytes", len(mac))
 		}
 	})
+}
+
+// TestEventsBackOffWhileServed: a MAC and stage served without pause gets longer
+// and longer intervals between its events, up to maxEventInterval, every serve
+// still counted; after a pause as long as that it starts again at the base one.
+func TestEventsBackOffWhileServed(t *testing.T) {
+	sink := &memSink{}
+	start := time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
+	now := start
+	r := newReporter(sink, slog.New(slog.DiscardHandler), func() time.Time { return now }, time.Second)
+	r.neighbor = nil
+	serves := 0
+	for now.Before(start.Add(2 * time.Minute)) {
+		r.Observe(boot.Event{Served: boot.ServedOffer, MAC: macA, Arch: 7, Time: now})
+		serves++
+		now = now.Add(10 * time.Millisecond)
+		if now.Sub(start)%(time.Second/flushSlices) == 0 {
+			r.flush()
+		}
+		r.drain()
+	}
+	var at []time.Duration
+	counted := 0
+	for _, mb := range booted(t, sink.all()) {
+		at = append(at, mb.Time.Sub(start).Round(100*time.Millisecond))
+		counted += max(mb.Count, 1)
+	}
+	// Each event opens an interval twice the last, from 1 s up to 30 s.
+	want := []time.Duration{0, 1, 3, 7, 15, 31, 61, 91}
+	if len(at) != len(want) {
+		t.Fatalf("events at %v, want at %v s", at, want)
+	}
+	for i := range want {
+		if at[i] != want[i]*time.Second {
+			t.Errorf("event %d at %v, want %v", i, at[i], want[i]*time.Second)
+		}
+	}
+	now = now.Add(maxEventInterval)
+	r.flush()
+	r.drain()
+	for _, mb := range booted(t, sink.all())[len(at):] {
+		counted += max(mb.Count, 1)
+	}
+	if counted != serves {
+		t.Errorf("the events count %d serves, want %d", counted, serves)
+	}
+	// After a pause as long as the longest interval since that last event: the
+	// first serve at once, the next event a base interval later.
+	now = now.Add(maxEventInterval)
+	n := len(sink.all())
+	pause := now
+	for now.Before(pause.Add(1500 * time.Millisecond)) {
+		r.Observe(boot.Event{Served: boot.ServedOffer, MAC: macA, Arch: 7, Time: now})
+		now = now.Add(10 * time.Millisecond)
+		r.flush()
+		r.drain()
+	}
+	after := booted(t, sink.all()[n:])
+	// (An event's time is its last serve's: the second's is just before +1 s.)
+	if len(after) != 2 || !after[0].Time.Equal(pause) || after[1].Time.Sub(pause) < 900*time.Millisecond || after[1].Time.Sub(pause) > time.Second {
+		t.Errorf("after a pause: %+v, want events at +0 and about +1 s", after)
+	}
+}
+
+// TestEventsFlushSpread: a storm's bursts leave over an interval, not all at one
+// tick. A thousand machines first served within the same 10 ms, then again and
+// again: their intervals all end together, and run's flushes (one per
+// flushEvery) send them in shares, which keeps them apart from then on.
+func TestEventsFlushSpread(t *testing.T) {
+	sink := &memSink{}
+	start := time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
+	now := start
+	r := newReporter(sink, slog.New(slog.DiscardHandler), func() time.Time { return now }, time.Second)
+	r.neighbor = nil
+	const machines = 1000
+	mac := func(i int) net.HardwareAddr { return net.HardwareAddr{0x52, 0x54, 0, 0, byte(i >> 8), byte(i)} }
+	step := 10 * time.Millisecond / machines // every machine every 10 ms
+	var perFlush []int
+	next := start.Add(r.flushEvery())
+	for i := 0; now.Before(start.Add(10 * time.Second)); i++ { // 1,000,000 serves
+		r.Observe(boot.Event{Served: boot.ServedOffer, MAC: mac(i % machines), Time: now})
+		now = now.Add(step)
+		if !now.Before(next) {
+			before := len(sink.all())
+			r.flushSlice()
+			r.drain()
+			perFlush = append(perFlush, len(sink.all())-before)
+			next = next.Add(r.flushEvery())
+		}
+	}
+	// The first flush carries the first serves' own events, which leave at once.
+	if most := slices.Max(perFlush[1:]); most > machines/flushSlices+1 {
+		t.Errorf("a flush sent %d events at once, want at most %d (events per flush: %v)", most, machines/flushSlices+1, perFlush)
+	}
+	r.drainAll()
+	counted := 0
+	for _, mb := range booted(t, sink.all()) {
+		counted += max(mb.Count, 1)
+	}
+	if want := int(10 * time.Second / step); counted != want {
+		t.Errorf("the events count %d serves, want %d", counted, want)
+	}
 }
