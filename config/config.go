@@ -4,10 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/better-compute/bcd/internal/secretfile"
 )
 
 const (
@@ -196,18 +197,15 @@ func Parse(data []byte, opts ParseOptions) (*Config, error) {
 }
 
 // Load reads and parses the file at path, reading no more than it can accept.
+// Anything but a regular file (a FIFO, a directory, a device) is refused before a
+// byte is read, naming the path and what it is: opening never waits on a FIFO.
 func Load(path string, opts ParseOptions) (*Config, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("config: %w", err)
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, MaxSize+1))
-	if err != nil {
-		return nil, fmt.Errorf("config: %w", err)
-	}
-	if len(data) > MaxSize {
+	data, err := secretfile.Read(path, secretfile.Options{Limit: MaxSize})
+	if errors.Is(err, secretfile.ErrTooLarge) {
 		return nil, ErrorList{{File: path, Msg: errTooLarge}}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
 	}
 	c, err := Parse(data, opts)
 	var list ErrorList

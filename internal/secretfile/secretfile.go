@@ -86,8 +86,8 @@ func ReadFrom(f *os.File, path string, o Options) ([]byte, error) {
 }
 
 func check(path string, fi fs.FileInfo, o Options) error {
-	if !fi.Mode().IsRegular() {
-		return refuse(ErrNotRegular, "%s: not a regular file", path)
+	if err := Regular(path, fi); err != nil {
+		return err
 	}
 	// Windows has no such mode bits to check.
 	if o.Private && runtime.GOOS != "windows" && fi.Mode().Perm()&0o077 != 0 {
@@ -99,6 +99,37 @@ func check(path string, fi fs.FileInfo, o Options) error {
 			path, fi.Mode().Perm(), what, path)
 	}
 	return nil
+}
+
+// Regular refuses anything but a regular file, naming path and what it is
+// ("/etc/bcd/config.toml: not a regular file (a FIFO)"), as ErrNotRegular. For a
+// caller that opens the file itself (a database, a file served to a client) and
+// checks what it opened, or what Stat says before it opens.
+func Regular(path string, fi fs.FileInfo) error {
+	if fi.Mode().IsRegular() {
+		return nil
+	}
+	return refuse(ErrNotRegular, "%s: not a regular file (%s)", path, Kind(fi.Mode()))
+}
+
+// Kind says what a file of mode m is, in words for an error message: "a FIFO",
+// "a directory", "a device", "a socket", "a symbolic link" or "a regular file".
+func Kind(m fs.FileMode) string {
+	switch {
+	case m.IsRegular():
+		return "a regular file"
+	case m&fs.ModeNamedPipe != 0:
+		return "a FIFO"
+	case m.IsDir():
+		return "a directory"
+	case m&fs.ModeDevice != 0:
+		return "a device"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	case m&fs.ModeSymlink != 0:
+		return "a symbolic link"
+	}
+	return "type " + m.Type().String()
 }
 
 // refusal is a refusal's message, matching its kind under errors.Is without

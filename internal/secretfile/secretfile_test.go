@@ -22,14 +22,14 @@ func TestRead(t *testing.T) {
 		{"0644 private refused", file("k", "x", 0o644), Options{Limit: 6, Private: true, What: "the node key"}, ErrMode, "mode 0644 lets group or others access the node key; it must be 0600 (chmod 600 "},
 		{"0640 private refused", file("k", "x", 0o640), Options{Limit: 6, Private: true}, ErrMode, "mode 0640"},
 		{"over the limit", file("k", "secret!", 0o600), Options{Limit: 6}, ErrTooLarge, "larger than 6 bytes"},
-		{"directory", func(t *testing.T, dir string) string { return dir }, Options{Limit: 6}, ErrNotRegular, "not a regular file"},
+		{"directory", func(t *testing.T, dir string) string { return dir }, Options{Limit: 6}, ErrNotRegular, "not a regular file (a directory)"},
 		{"FIFO does not block", func(t *testing.T, dir string) string {
 			p := filepath.Join(dir, "fifo")
 			if err := syscall.Mkfifo(p, 0o600); err != nil {
 				t.Fatal(err)
 			}
 			return p
-		}, Options{Limit: 6}, ErrNotRegular, "not a regular file"},
+		}, Options{Limit: 6}, ErrNotRegular, "not a regular file (a FIFO)"},
 		{"symlink followed", link(), Options{Limit: 6}, nil, ""},
 		{"symlink refused with NoFollow", link(), Options{Limit: 6, NoFollow: true}, syscall.ELOOP, ""},
 		{"missing", func(t *testing.T, dir string) string { return filepath.Join(dir, "none") }, Options{Limit: 6}, os.ErrNotExist, ""},
