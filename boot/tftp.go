@@ -603,8 +603,8 @@ func (s *TFTPServer) open(name string) (*tftpFile, error) {
 		}
 		return nil, fmt.Errorf("%w: %w", errTFTPAccess, err)
 	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("%w: not a regular file", errTFTPAccess)
+	if err := servable(clean, fi); err != nil {
+		return nil, fmt.Errorf("%w: %w", errTFTPAccess, err)
 	}
 	s.mu.Lock()
 	c := s.cache[clean]
@@ -627,8 +627,8 @@ func (s *TFTPServer) open(name string) (*tftpFile, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errTFTPAccess, err)
 	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("%w: not a regular file", errTFTPAccess)
+	if err := servable(clean, fi); err != nil {
+		return nil, fmt.Errorf("%w: %w", errTFTPAccess, err)
 	}
 	if fi.Size() > MaxTFTPFile {
 		return nil, fmt.Errorf("%w: larger than %d bytes", errTFTPAccess, MaxTFTPFile)

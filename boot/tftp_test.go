@@ -69,6 +69,8 @@ func tftpRoot(t testing.TB) (root string, files map[string][]byte) {
 	must(os.Symlink("/etc/passwd", filepath.Join(root, "absolute-link")))
 	must(os.Symlink("undionly.kpxe", filepath.Join(root, "inside-link")))
 	must(syscall.Mkfifo(filepath.Join(root, "fifo"), 0o644))
+	// A hard link is the file outside itself: os.Root does not see it leave.
+	must(os.Link(filepath.Join(dir, "secret"), filepath.Join(root, "hard-link")))
 	if os.Geteuid() == 0 {
 		must(syscall.Mknod(filepath.Join(root, "null"), syscall.S_IFCHR|0o666, int(unix.Mkdev(1, 3))))
 	}
@@ -136,6 +138,7 @@ func TestTFTPRefuses(t *testing.T) {
 		"escape",
 		"absolute-link",
 		"fifo",
+		"hard-link",
 		"sub",
 		"sub/",
 		"./undionly.kpxe",

@@ -6,7 +6,9 @@
 // most a limit is read, so a wrong path cannot make a daemon swallow a huge file.
 //
 // It is the one copy of these checks; callers prefix the error with what the file
-// is for ("--token-file", "bmc hosts").
+// is for ("--token-file", "bmc hosts"). Regular and OneLink are the same checks for
+// callers that open a file themselves: the boot server's TFTP and HTTP files, the
+// control plane's downloads, self-update's staged binary.
 package secretfile
 
 import (
@@ -23,6 +25,7 @@ var (
 	ErrNotRegular = errors.New("not a regular file")
 	ErrMode       = errors.New("group or others may access it")
 	ErrTooLarge   = errors.New("too large")
+	ErrLinks      = errors.New("more than one link")
 )
 
 // Options says how a file is read. The zero value reads any regular file of any
@@ -110,6 +113,22 @@ func Regular(path string, fi fs.FileInfo) error {
 		return nil
 	}
 	return refuse(ErrNotRegular, "%s: not a regular file (%s)", path, Kind(fi.Mode()))
+}
+
+// OneLink refuses a file with more than one hard link, as ErrLinks. os.Root and a
+// fixed directory confine names, not files: a hard link made inside a served
+// directory to a file outside it (a key, /etc/shadow) is that file, and serving or
+// copying it would hand out what the directory was meant to keep in, or bytes that
+// change under the reader through the other name.
+func OneLink(path string, fi fs.FileInfo) error {
+	n, ok := links(fi)
+	switch {
+	case !ok:
+		return nil // no link count on this platform
+	case n != 1:
+		return refuse(ErrLinks, "%s has %d links; it must have one (a hard link is another name for a file that may live anywhere)", path, n)
+	}
+	return nil
 }
 
 // Kind says what a file of mode m is, in words for an error message: "a FIFO",
