@@ -342,7 +342,7 @@ func (s *Server) Start() (err error) {
 	}
 	s.rc.Init()
 	if s.metrics != nil {
-		m := cpmetrics.New(s.gw.SessionsByRole, s.store)
+		m := cpmetrics.New(s.gw, s.store)
 		s.metrics.Registry().MustRegister(m.Collectors()...)
 		s.gw.Joiner = m.Joiner(s.gw.Joiner)
 		s.gw.Events = m.Events(s.gw.Events)
