@@ -58,7 +58,8 @@ const servingCertTTL = 90 * 24 * time.Hour
 type Server struct {
 	// PKIDir is the bundle `better-compute pki init` made. Required.
 	PKIDir string
-	// DataDir holds the store; created 0700. Required.
+	// DataDir holds the store; created 0700, and refused when it exists and
+	// group or others may write in it. Required.
 	DataDir string
 	// APIListen is the api's address; "" means DefaultAPIListen. Port 0
 	// picks a free port (APIURL says which).

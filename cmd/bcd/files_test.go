@@ -21,8 +21,9 @@ func mkfifo(t *testing.T, path string) string {
 
 // runPrompt runs bcd with args and fails the test when it has not returned within
 // a generous bound: a command that opens a FIFO for reading without O_NONBLOCK
-// waits for a writer forever. On a hang it opens the FIFOs for writing, which
-// releases the blocked open, so the stuck command does not outlive the test.
+// waits for a writer forever, and one that accepts what it should refuse runs on.
+// On a hang it opens the FIFOs for writing, which releases a blocked open, so a
+// command stuck there does not outlive the test.
 func runPrompt(t *testing.T, fifos []string, args ...string) (int, string) {
 	t.Helper()
 	type result struct {
@@ -44,8 +45,12 @@ func runPrompt(t *testing.T, fifos []string, args ...string) (int, string) {
 				f.Close()
 			}
 		}
-		r := <-done
-		t.Fatalf("bcd %q blocked on a FIFO (released by opening it for writing; exit %d)\n%s", args, r.code, r.out)
+		select {
+		case r := <-done:
+			t.Fatalf("bcd %q blocked on a FIFO (released by opening it for writing; exit %d)\n%s", args, r.code, r.out)
+		case <-time.After(5 * time.Second):
+			t.Fatalf("bcd %q did not return", args)
+		}
 		return 0, ""
 	}
 }
@@ -149,5 +154,69 @@ func TestNodeAndDoctorRefuseAKeyOrJournalThatIsNotAFile(t *testing.T) {
 				t.Errorf("bcd doctor: exit %d, want a failure with %q:\n%s", code, want, out)
 			}
 		})
+	}
+}
+
+// TestDataDirOthersCanWriteIsRefused: a data_dir that exists with group or other
+// write (systemd makes it 0700) is refused by the commands that keep the node's
+// key, identity and journal there, with its path and mode, and left as it is;
+// before, a 0777 data_dir was joined into and used.
+func TestDataDirOthersCanWriteIsRefused(t *testing.T) {
+	f := newCLIFixture(t)
+	if err := os.Mkdir(f.dataDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(f.dataDir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	want := "data_dir " + f.dataDir + ": mode 0777 lets group or others write in it"
+	tok := filepath.Join(t.TempDir(), "join-token")
+	if err := os.WriteFile(tok, []byte("bcjt_cli_token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"join", "--config", f.cfgPath, "--token-file", tok},
+		{"node", "--config", f.cfgPath},
+		{"site", "--config", f.cfgPath},
+		{"doctor", "--config", f.cfgPath},
+	} {
+		code, out := runPrompt(t, nil, args...)
+		if code == 0 || !strings.Contains(out, want) {
+			t.Errorf("bcd %s: exit %d, want a refusal with %q:\n%s", args[0], code, want, out)
+		}
+	}
+	if ents, _ := os.ReadDir(f.dataDir); len(ents) != 0 {
+		t.Errorf("something was written into the refused data_dir: %v", ents)
+	}
+	if fi, err := os.Stat(f.dataDir); err != nil || fi.Mode().Perm() != 0o777 {
+		t.Errorf("the refused data_dir was changed: %v %v", fi.Mode(), err)
+	}
+
+	// The status socket's directory (systemd's RuntimeDirectory, 0700) too.
+	if err := os.Chmod(f.dataDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, errOut := runBcdIn(t, "bcjt_cli_token", "join", "--config", f.cfgPath); code != 0 {
+		t.Fatalf("join: %d %s %s", code, out, errOut)
+	}
+	run := filepath.Join(t.TempDir(), "run")
+	if err := os.Mkdir(run, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(run, 0o733); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := os.ReadFile(f.cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(f.dataDir, "bcd.sock")
+	cfg = []byte(strings.Replace(string(cfg), sock, filepath.Join(run, "bcd.sock"), 1))
+	if err := os.WriteFile(f.cfgPath, cfg, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out := runPrompt(t, nil, "node", "--config", f.cfgPath)
+	if want := run + ": mode 0733 lets group or others write in it"; code == 0 || !strings.Contains(out, want) {
+		t.Errorf("bcd node with socket_path in a 0733 directory: exit %d, want a refusal with %q:\n%s", code, want, out)
 	}
 }

@@ -26,6 +26,8 @@ var (
 	ErrMode       = errors.New("group or others may access it")
 	ErrTooLarge   = errors.New("too large")
 	ErrLinks      = errors.New("more than one link")
+	ErrNotDir     = errors.New("not a directory")
+	ErrDirMode    = errors.New("group or others may write in it")
 )
 
 // Options says how a file is read. The zero value reads any regular file of any
@@ -129,6 +131,46 @@ func OneLink(path string, fi fs.FileInfo) error {
 		return refuse(ErrLinks, "%s has %d links; it must have one (a hard link is another name for a file that may live anywhere)", path, n)
 	}
 	return nil
+}
+
+// CheckDir refuses a directory that group or others may write in, naming it and
+// its mode, as ErrDirMode, and a path that is not a directory, as ErrNotDir. It is
+// for a directory a daemon keeps its secrets or its state in (bcd's data_dir and
+// socket directory, serve's --data and --pki, pki init's directory): whoever can
+// write there can swap the files kept in it, plant the ones it will read, or
+// replace a socket. A directory that exists is checked, never repaired: chmod on
+// a directory someone else may have prepared does not undo what they put in it.
+// A missing path is the Stat error (fs.ErrNotExist), for the caller that then
+// creates it with a mode of its own.
+func CheckDir(path string) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return refuse(ErrNotDir, "%s: not a directory (%s)", path, Kind(fi.Mode()))
+	}
+	// Windows has no such mode bits to check.
+	if perm := fi.Mode().Perm(); runtime.GOOS != "windows" && perm&0o022 != 0 {
+		return refuse(ErrDirMode, "%s: mode %04o lets group or others write in it, so they could swap the files kept there; refusing it (chmod go-w %s)",
+			path, unixMode(fi.Mode()), path)
+	}
+	return nil
+}
+
+// unixMode is m's permission bits as chmod writes them, with setuid, setgid and
+// sticky (a /tmp is 1777, Debian's /usr/local/lib 2775).
+func unixMode(m fs.FileMode) uint32 {
+	u := uint32(m.Perm())
+	for _, b := range []struct {
+		flag fs.FileMode
+		bit  uint32
+	}{{fs.ModeSetuid, 0o4000}, {fs.ModeSetgid, 0o2000}, {fs.ModeSticky, 0o1000}} {
+		if m&b.flag != 0 {
+			u |= b.bit
+		}
+	}
+	return u
 }
 
 // Kind says what a file of mode m is, in words for an error message: "a FIFO",
