@@ -210,6 +210,9 @@ func EncodeCerts(certs []*x509.Certificate) string {
 // keys (nil: PKCS8Keys) and checks that it is the one the leaf certifies. A
 // data_dir without identity.json gives an error wrapping ErrNotJoined.
 func LoadIdentity(dataDir string, keys KeyStore) (*Identity, error) {
+	if err := CheckDataDir(dataDir); err != nil {
+		return nil, err
+	}
 	path := filepath.Join(dataDir, IdentityFile)
 	data, err := readLimited(path, MaxIdentitySize, false)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -307,6 +310,9 @@ func SaveIdentity(dataDir string, id *Identity, key *NodeKey) error {
 	if !SamePublicKey(key.Signer.Public(), id.Leaf().PublicKey) {
 		return errors.New("save identity: the key is not the one the node certificate certifies")
 	}
+	if err := CheckDataDir(dataDir); err != nil {
+		return fmt.Errorf("save identity: %w", err)
+	}
 	if err := os.MkdirAll(dataDir, 0o700); err != nil {
 		return fmt.Errorf("save identity: %w", err)
 	}
@@ -331,6 +337,17 @@ func writeIdentityFile(dataDir string, id *Identity) error {
 		return err
 	}
 	return pki.WriteFileAtomic(filepath.Join(dataDir, IdentityFile), append(data, '\n'), 0o600)
+}
+
+// CheckDataDir refuses a data_dir that exists and that group or others may write
+// in (systemd's StateDirectoryMode is 0700), naming it and its mode: the node key,
+// identity and journal kept there would be anyone's to swap. A missing one passes,
+// for the join that creates it 0700.
+func CheckDataDir(dataDir string) error {
+	if err := secretfile.CheckDir(dataDir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("data_dir %w", err)
+	}
+	return nil
 }
 
 // readLimited reads a regular file of at most limit bytes. private refuses a file

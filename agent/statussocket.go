@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/better-compute/bcd/internal/secretfile"
 	"github.com/better-compute/bcd/internal/version"
 )
 
@@ -18,6 +19,11 @@ import (
 // rather than taken over. The directory is systemd's RuntimeDirectory (0700), which
 // keeps the socket private in the moment between bind and chmod.
 func ListenStatusSocket(path string, mode os.FileMode) (net.Listener, error) {
+	// A directory others may write in would let them replace the socket with
+	// their own between bind and use; it is refused, not repaired.
+	if err := secretfile.CheckDir(filepath.Dir(path)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("status socket: %w", err)
+	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("status socket: %w", err)
 	}

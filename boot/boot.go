@@ -2,12 +2,14 @@ package boot
 
 import (
 	"fmt"
+	"io/fs"
 	"net"
 	"net/netip"
 	"strings"
 	"sync/atomic"
 	"time"
 
+	"github.com/better-compute/bcd/internal/secretfile"
 	"github.com/better-compute/bcd/protocol"
 )
 
@@ -162,4 +164,15 @@ func smbiosUUID(opt []byte) string {
 		sb.WriteByte(hexdigits[b[j]&0xf])
 	}
 	return sb.String()
+}
+
+// servable refuses to send a client anything but a regular file with one link:
+// a FIFO or device is not a boot file, and a hard link in the served directory
+// may name a file anywhere on the host, which os.Root (it confines names) does not
+// stop.
+func servable(path string, fi fs.FileInfo) error {
+	if err := secretfile.Regular(path, fi); err != nil {
+		return err
+	}
+	return secretfile.OneLink(path, fi)
 }

@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -419,7 +420,10 @@ func (s *HTTPServer) mintNonce(mac net.HardwareAddr) (string, error) {
 // serveFile sends name from dir with range requests and an ETag. name is one of
 // a fixed few, never taken from the request.
 func (s *HTTPServer) serveFile(w *httpWriter, r *http.Request, dir, name, served string) {
-	f, err := os.Open(filepath.Join(dir, name))
+	path := filepath.Join(dir, name)
+	// O_NONBLOCK: a FIFO put there must not hang the request; what was opened is
+	// checked below.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
 	if err != nil {
 		if !errors.Is(err, os.ErrNotExist) {
 			s.logger().Warn("boot HTTP: cannot open", "file", name, "err", err)
@@ -429,7 +433,11 @@ func (s *HTTPServer) serveFile(w *httpWriter, r *http.Request, dir, name, served
 	}
 	defer f.Close()
 	fi, err := f.Stat()
-	if err != nil || !fi.Mode().IsRegular() {
+	if err == nil {
+		err = servable(path, fi)
+	}
+	if err != nil {
+		s.logger().Warn("boot HTTP: refusing to serve", "file", name, "err", err)
 		http.NotFound(w, r)
 		return
 	}

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -434,5 +435,36 @@ func TestHTTPStatsConcurrent(t *testing.T) {
 	}
 	if want["kernel"].Bytes != clients*rounds*uint64(len(h.files["vmlinuz"])) || want["initrd"].Bytes != clients*rounds*1000 {
 		t.Errorf("the clients themselves were sent %+v", want)
+	}
+}
+
+// TestHTTPRefusesAHardLink: a ramdisk or iPXE file that is a hard link (here to a
+// file outside the directory) is 404, as a FIFO there is, without hanging.
+func TestHTTPRefusesAHardLink(t *testing.T) {
+	outside := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(outside, []byte("SECRET"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h := startHTTP(t, func(s *HTTPServer) { s.BinDir = s.RamdiskDir })
+	dir := h.srv.RamdiskDir
+	for _, name := range []string{"initrd", "ipxe.efi"} {
+		if err := os.Remove(filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Link(outside, filepath.Join(dir, "initrd")); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(filepath.Join(dir, "ipxe.efi"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{"/ramdisk/initrd", "/ipxe/ipxe.efi"} {
+		resp, body := h.do(t, "GET", path)
+		if resp.StatusCode != 404 || bytes.Contains(body, []byte("SECRET")) {
+			t.Errorf("GET %s: %s %q, want 404", path, resp.Status, body)
+		}
+	}
+	if resp, body := h.do(t, "GET", "/ramdisk/vmlinuz"); resp.StatusCode != 200 || !bytes.Equal(body, h.files["vmlinuz"]) {
+		t.Errorf("GET the single-link kernel: %s, %d bytes", resp.Status, len(body))
 	}
 }

@@ -16,6 +16,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/better-compute/bcd/internal/lograte"
 )
 
 // MaxTFTPFile is the largest file the TFTP server sends. iPXE binaries are under 2 MB;
@@ -109,8 +111,9 @@ type TFTPServer struct {
 	MaxBlockSize int
 	// Observer hears of every file sent whole; nil discards.
 	Observer Observer
-	// Logger logs each request at debug level and unexpected failures at warn; nil
-	// discards.
+	// Logger logs each request at debug level, and unexpected failures and
+	// refused requests (at most one a second, with the count left out) at warn;
+	// nil discards.
 	Logger *slog.Logger
 
 	// cacheLimit overrides maxTFTPCache (tests); 0 means maxTFTPCache.
@@ -119,15 +122,17 @@ type TFTPServer struct {
 	stats  tftpCounters
 	active atomic.Int64 // transfers running
 
-	mu     sync.Mutex
-	conn   *net.UDPConn
-	root   *os.Root
-	netns  *os.File // the network namespace Listen ran in
-	max    int
-	log    *slog.Logger
-	cache  map[string]*tftpFile
-	cached int64
-	mtus   map[int]tftpMTU
+	mu    sync.Mutex
+	conn  *net.UDPConn
+	root  *os.Root
+	netns *os.File // the network namespace Listen ran in
+	max   int
+	log   *slog.Logger
+	// refusalLog bounds the warnings about refused requests.
+	refusalLog lograte.Limiter
+	cache      map[string]*tftpFile
+	cached     int64
+	mtus       map[int]tftpMTU
 	// running are the clients (address and port) with a transfer under way. A
 	// firmware that hears nothing for a while sends its RRQ again from the same
 	// port; a second transfer to it would answer from a second port, which the
@@ -386,6 +391,8 @@ func (s *TFTPServer) serveRequests(conn *net.UDPConn, pollers []*tftpPoller) err
 }
 
 // Errors the client reads in the error packet: fixed texts that name no path.
+// Only these texts reach the client (tftpClientMessage); what they are wrapped
+// with is for the server's log.
 var (
 	errTFTPNotFound = errors.New("file not found")
 	errTFTPAccess   = errors.New("access violation")
@@ -468,11 +475,19 @@ func (s *TFTPServer) request(b []byte, from netip.AddrPort, local netip.Addr, if
 		switch {
 		case errors.Is(err, errTFTPNotFound):
 			s.stats.notFound.Add(1)
+			if debug {
+				s.log.Debug("TFTP: not found", "from", from, "file", req.name)
+			}
 		default:
+			// The client reads only "access violation"; the detail (which
+			// check refused it, an escaping link's path) is the operator's,
+			// at most a line a second: anyone on the network can send these.
 			s.stats.refused.Add(1)
-		}
-		if debug {
-			s.log.Debug("TFTP: refused", "from", from, "file", req.name, "err", err)
+			if ok, suppressed := s.refusalLog.Allow(); ok {
+				s.log.Warn("TFTP: refused", "from", from, "file", req.name, "err", err, "suppressed", suppressed)
+			} else if debug {
+				s.log.Debug("TFTP: refused", "from", from, "file", req.name, "err", err)
+			}
 		}
 		s.sendError(local, from, err)
 		return false
@@ -603,8 +618,8 @@ func (s *TFTPServer) open(name string) (*tftpFile, error) {
 		}
 		return nil, fmt.Errorf("%w: %w", errTFTPAccess, err)
 	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("%w: not a regular file", errTFTPAccess)
+	if err := servable(clean, fi); err != nil {
+		return nil, fmt.Errorf("%w: %w", errTFTPAccess, err)
 	}
 	s.mu.Lock()
 	c := s.cache[clean]
@@ -627,8 +642,8 @@ func (s *TFTPServer) open(name string) (*tftpFile, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errTFTPAccess, err)
 	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("%w: not a regular file", errTFTPAccess)
+	if err := servable(clean, fi); err != nil {
+		return nil, fmt.Errorf("%w: %w", errTFTPAccess, err)
 	}
 	if fi.Size() > MaxTFTPFile {
 		return nil, fmt.Errorf("%w: larger than %d bytes", errTFTPAccess, MaxTFTPFile)

@@ -170,12 +170,28 @@ func tftpOptionInt(v string) (int64, bool) {
 	return n, true
 }
 
-// tftpErrorPacket appends an error packet for err to b.
+// tftpErrorPacket appends an error packet for err to b. The client reads only the
+// fixed text of err's code: err's detail (an os.Root error such as "statat
+// passwd_link: path escapes from parent", a size, a path element) tells a
+// stranger on the provisioning network what is on the server, so it stays in the
+// server's log.
 func tftpErrorPacket(b []byte, err error) []byte {
 	b = append(b, 0, tftpOpERROR, 0, 0)
 	binary.BigEndian.PutUint16(b[len(b)-2:], tftpErrorCode(err))
-	b = append(b, err.Error()...)
+	b = append(b, tftpClientMessage(err)...)
 	return append(b, 0)
+}
+
+// tftpClientMessage is the text an error packet carries for err: one of the
+// fixed texts of errTFTPNotFound, errTFTPAccess, errTFTPReadOnly and
+// errTFTPIllegal, whatever err wraps them with.
+func tftpClientMessage(err error) string {
+	for _, known := range []error{errTFTPReadOnly, errTFTPNotFound, errTFTPAccess, errTFTPIllegal} {
+		if errors.Is(err, known) {
+			return known.Error()
+		}
+	}
+	return "transfer failed"
 }
 
 // tftpAsciiPos is where a netascii block starts in the file: the offset of the

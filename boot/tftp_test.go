@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/netip"
@@ -69,6 +70,8 @@ func tftpRoot(t testing.TB) (root string, files map[string][]byte) {
 	must(os.Symlink("/etc/passwd", filepath.Join(root, "absolute-link")))
 	must(os.Symlink("undionly.kpxe", filepath.Join(root, "inside-link")))
 	must(syscall.Mkfifo(filepath.Join(root, "fifo"), 0o644))
+	// A hard link is the file outside itself: os.Root does not see it leave.
+	must(os.Link(filepath.Join(dir, "secret"), filepath.Join(root, "hard-link")))
 	if os.Geteuid() == 0 {
 		must(syscall.Mknod(filepath.Join(root, "null"), syscall.S_IFCHR|0o666, int(unix.Mkdev(1, 3))))
 	}
@@ -124,9 +127,16 @@ func rawRRQ(t testing.TB, addr netip.AddrPort, name string, opts ...string) (op 
 	return binary.BigEndian.Uint16(buf), buf[2:n], conn
 }
 
+// TestTFTPRefuses: every trap is an immediate error packet whose text is the
+// code's own, "access violation", naming nothing on the server (it was
+// "access violation: statat absolute-link: path escapes from parent"); the
+// server's log keeps the detail.
 func TestTFTPRefuses(t *testing.T) {
 	root, _ := tftpRoot(t)
-	s, addr := startTFTP(t, root, nil)
+	var logged syncBuffer
+	s, addr := startTFTP(t, root, func(s *TFTPServer) {
+		s.Logger = slog.New(slog.NewTextHandler(&logged, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	})
 	cases := []string{
 		"../secret",
 		"sub/../../secret",
@@ -136,6 +146,7 @@ func TestTFTPRefuses(t *testing.T) {
 		"escape",
 		"absolute-link",
 		"fifo",
+		"hard-link",
 		"sub",
 		"sub/",
 		"./undionly.kpxe",
@@ -158,9 +169,17 @@ func TestTFTPRefuses(t *testing.T) {
 		if d := time.Since(start); d > time.Second {
 			t.Errorf("%q: refused after %v", name, d)
 		}
-		if msg := string(body[2:]); !strings.Contains(msg, "access violation") {
-			t.Errorf("%q: error %q, want an access violation", name, msg)
+		if msg := string(body[2:]); msg != "access violation\x00" {
+			t.Errorf("%q: error %q, want just \"access violation\"", name, msg)
 		}
+	}
+	for _, detail := range []string{"path escapes from parent", "has 2 links", "not a regular file (a FIFO)", "not a regular file (a directory)", `path element \"..\"`} {
+		if !strings.Contains(logged.String(), detail) {
+			t.Errorf("the server's log does not keep %q:\n%s", detail, logged.String())
+		}
+	}
+	if n := strings.Count(logged.String(), "level=WARN"); n != 1 {
+		t.Errorf("%d warnings for %d refusals in well under a second, want 1", n, len(cases))
 	}
 	if got := s.Stats(); got.Refused != uint64(len(cases)) || got.Transfers != 0 {
 		t.Errorf("stats %+v, want %d refused", got, len(cases))
@@ -653,4 +672,22 @@ func TestTFTPFloodOfUnacknowledgedRequests(t *testing.T) {
 	if st.Refused != 0 || oacks == 0 {
 		t.Errorf("stats %+v, %d OACKs: want the flood answered with OACKs and nothing refused", st, oacks)
 	}
+}
+
+// syncBuffer is a log destination for the server's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

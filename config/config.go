@@ -4,10 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/better-compute/bcd/internal/secretfile"
 )
 
 const (
@@ -196,18 +197,15 @@ func Parse(data []byte, opts ParseOptions) (*Config, error) {
 }
 
 // Load reads and parses the file at path, reading no more than it can accept.
+// Anything but a regular file (a FIFO, a directory, a device) is refused before a
+// byte is read, naming the path and what it is: opening never waits on a FIFO.
 func Load(path string, opts ParseOptions) (*Config, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("config: %w", err)
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, MaxSize+1))
-	if err != nil {
-		return nil, fmt.Errorf("config: %w", err)
-	}
-	if len(data) > MaxSize {
+	data, err := secretfile.Read(path, secretfile.Options{Limit: MaxSize})
+	if errors.Is(err, secretfile.ErrTooLarge) {
 		return nil, ErrorList{{File: path, Msg: errTooLarge}}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
 	}
 	c, err := Parse(data, opts)
 	var list ErrorList
@@ -219,7 +217,14 @@ func Load(path string, opts ParseOptions) (*Config, error) {
 	return c, err
 }
 
-// Check loads path and writes OK, or each problem as FILE:LINE: message.
+// MaxCheckProblems is how many problems Check prints before it only counts the
+// rest, as compilers and linters stop (gcc, go vet and eslint print tens to a
+// hundred): a file of 9,000 bad sections printed 566 KB, which hides the first
+// problem, the one to fix, as well as none at all.
+const MaxCheckProblems = 100
+
+// Check loads path and writes OK, or each problem as FILE:LINE: message, the
+// first MaxCheckProblems of them and then how many more there are.
 // It is `bcd config check`, which an operator runs before a restart.
 func Check(path string, opts ParseOptions, w io.Writer) bool {
 	_, err := Load(path, opts)
@@ -228,7 +233,12 @@ func Check(path string, opts ParseOptions, w io.Writer) bool {
 	case err == nil:
 		fmt.Fprintln(w, "OK")
 	case errors.As(err, &list):
-		for _, e := range list {
+		for i, e := range list {
+			if i == MaxCheckProblems {
+				fmt.Fprintf(w, "%s: %d more problems not shown (%d in all); fix the first ones and run bcd config check again\n",
+					path, len(list)-i, len(list))
+				break
+			}
 			fmt.Fprintln(w, e)
 		}
 	default:

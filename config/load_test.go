@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -61,11 +62,23 @@ func TestLoadTooLarge(t *testing.T) {
 	}
 }
 
-func TestLoadReadsAtMostTheLimit(t *testing.T) {
-	// /dev/zero never ends: Load must stop reading on its own.
-	_, err := Load("/dev/zero", ParseOptions{})
-	if !strings.Contains(err.Error(), "larger than") {
-		t.Fatalf("got %v", err)
+// TestLoadRefusesWhatIsNotAFile: a FIFO (which a plain open waits on for a
+// writer, forever), a directory or a device (/dev/zero never ends) is refused
+// before a byte is read, naming the path and what it is.
+func TestLoadRefusesWhatIsNotAFile(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo.toml")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for path, what := range map[string]string{fifo: "a FIFO", dir: "a directory", "/dev/zero": "a device"} {
+		_, err := Load(path, ParseOptions{})
+		if want := path + ": not a regular file (" + what + ")"; err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Load(%s) = %v, want %q", path, err, want)
+		}
+		if IsInvalid(err) {
+			t.Errorf("Load(%s): a file that cannot be read is not an invalid one", path)
+		}
 	}
 }
 

@@ -77,6 +77,9 @@ func TestMetricsAfterDeployments(t *testing.T) {
 		if n, _ := f.Sum("better_compute_joins_total", labels{"attestor": "discovery", "code": "NONCE_UNKNOWN"}); n < 1 {
 			bad = append(bad, "no discovery join counted NONCE_UNKNOWN")
 		}
+		if n, _ := f.Sum("better_compute_join_refusals_total", nil); n < 1 {
+			bad = append(bad, "the refused join is not in join_refusals_total")
+		}
 		if d, _ := f.HistogramSum("better_compute_deploy_duration_seconds", labels{"outcome": "provisioned"}); d <= 0 || d > 120 {
 			bad = append(bad, fmt.Sprintf("provisioned deployments took %v s in all", d))
 		}

@@ -58,7 +58,8 @@ const servingCertTTL = 90 * 24 * time.Hour
 type Server struct {
 	// PKIDir is the bundle `better-compute pki init` made. Required.
 	PKIDir string
-	// DataDir holds the store; created 0700. Required.
+	// DataDir holds the store; created 0700, and refused when it exists and
+	// group or others may write in it. Required.
 	DataDir string
 	// APIListen is the api's address; "" means DefaultAPIListen. Port 0
 	// picks a free port (APIURL says which).
@@ -342,7 +343,7 @@ func (s *Server) Start() (err error) {
 	}
 	s.rc.Init()
 	if s.metrics != nil {
-		m := cpmetrics.New(s.gw.SessionsByRole, s.store)
+		m := cpmetrics.New(s.gw, s.store)
 		s.metrics.Registry().MustRegister(m.Collectors()...)
 		s.gw.Joiner = m.Joiner(s.gw.Joiner)
 		s.gw.Events = m.Events(s.gw.Events)

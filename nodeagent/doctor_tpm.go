@@ -3,6 +3,7 @@ package nodeagent
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,11 +12,16 @@ import (
 	"github.com/better-compute/bcd/agent"
 	"github.com/better-compute/bcd/agent/tpm"
 	"github.com/better-compute/bcd/config"
+	"github.com/better-compute/bcd/internal/secretfile"
 )
 
 // tssGroup is the group that owns /dev/tpmrm0 on Debian and most
 // distributions: its members can send the TPM any command.
 const tssGroup = "tss"
+
+// maxNodeKeyFile bounds the doctor's read of node.key: a PKCS#8 key or a TPM
+// key's record is a few hundred bytes.
+const maxNodeKeyFile = 16 << 10
 
 // tpmFiles are the files checkTPM reads; tests point them elsewhere.
 type tpmFiles struct {
@@ -44,9 +50,12 @@ func checkTPM(cfg *config.Config, f tpmFiles) Result {
 				user, tssGroup, user, tssGroup)}
 		}
 	}
-	key, err := os.ReadFile(filepath.Join(DataDir(cfg), agent.KeyFile))
+	// Through secretfile: a node.key swapped for a FIFO must not hang the doctor.
+	key, err := secretfile.Read(filepath.Join(DataDir(cfg), agent.KeyFile), secretfile.Options{Limit: maxNodeKeyFile, NoFollow: true})
 	_, devErr := os.Stat(f.Device)
 	switch {
+	case errors.Is(err, secretfile.ErrNotRegular):
+		return Result{Fail, err.Error()}
 	case err == nil && tpm.IsRecord(key) && devErr != nil:
 		return Result{Fail, fmt.Sprintf("node.key is a TPM key's record, but %s is missing: the node key cannot be used", f.Device)}
 	case err == nil && tpm.IsRecord(key):

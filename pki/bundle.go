@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/better-compute/bcd/internal/human"
+	"github.com/better-compute/bcd/internal/secretfile"
 )
 
 // Files of a bundle directory.
@@ -180,6 +181,12 @@ func Init(dir string, opts InitOptions) (*Public, error) {
 	case !fi.IsDir():
 		return nil, fmt.Errorf("pki init: %s exists and is not a directory: %w", dir, ErrBundleExists)
 	default:
+		// An empty directory others may write in is refused, not chmodded:
+		// whatever they can still do with it (a file planted after the
+		// emptiness check, an open descriptor) the keys would follow.
+		if err := secretfile.CheckDir(dir); err != nil {
+			return nil, fmt.Errorf("pki init: %w", err)
+		}
 		empty, err := isEmptyDir(dir)
 		if err != nil {
 			return nil, fmt.Errorf("pki init: %w", err)
@@ -435,6 +442,11 @@ func parseCA(data []byte) (*x509.Certificate, error) {
 // keys and the certificate and JWK files. It refuses a private key file that
 // group or others can access, and any file that does not match public.json.
 func LoadBundle(dir string) (*Bundle, error) {
+	// The private keys' directory: one others may write in could hold keys
+	// swapped for theirs.
+	if err := secretfile.CheckDir(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("load PKI bundle: %w", err)
+	}
 	pub, err := LoadPublic(dir)
 	if err != nil {
 		return nil, err

@@ -5,16 +5,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/better-compute/bcd/agent"
 	"github.com/better-compute/bcd/boot"
+	"github.com/better-compute/bcd/internal/secretfile"
 	"github.com/better-compute/bcd/pki"
 	"github.com/better-compute/bcd/protocol"
 )
@@ -52,20 +51,13 @@ func withoutSecrets(spec protocol.Spec) protocol.Spec {
 // LoadSpec reads <dataDir>/site-spec.json; (nil, nil) when there is none.
 func LoadSpec(dataDir string) (*protocol.Spec, error) {
 	path := filepath.Join(dataDir, SpecFile)
-	f, err := os.Open(path)
+	// secretfile: a FIFO there must not hang bcd site's start.
+	data, err := secretfile.Read(path, secretfile.Options{Limit: agent.MaxFrameSize})
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("saved spec: %w", err)
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, agent.MaxFrameSize+1))
-	if err != nil {
-		return nil, fmt.Errorf("saved spec: read %s: %w", path, err)
-	}
-	if len(data) > agent.MaxFrameSize {
-		return nil, fmt.Errorf("saved spec: %s is larger than %d bytes", path, agent.MaxFrameSize)
 	}
 	var s savedSpec
 	if err := json.Unmarshal(data, &s); err != nil {

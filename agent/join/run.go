@@ -20,6 +20,7 @@ import (
 	"github.com/better-compute/bcd/agent/journal"
 	"github.com/better-compute/bcd/config"
 	"github.com/better-compute/bcd/internal/cli"
+	"github.com/better-compute/bcd/internal/secretfile"
 	"github.com/better-compute/bcd/pki"
 	"github.com/better-compute/bcd/protocol"
 )
@@ -390,7 +391,9 @@ func resolve(ctx context.Context, o Options, cfg *config.Config) (*setup, error)
 			return nil, cli.Exit(1, fmt.Errorf("bcd join: %w", err))
 		}
 		jwkPath := filepath.Join(filepath.Dir(o.ConfigPath), JWKFile)
-		data, err := os.ReadFile(jwkPath)
+		// At most what the well-known document may be; anything but a regular
+		// file (a FIFO would hang the join) is refused naming what it is.
+		data, err := secretfile.Read(jwkPath, secretfile.Options{Limit: protocol.MaxWellKnownSize})
 		switch {
 		case err == nil:
 			if s.encKey, err = pki.JWKMatchesPin(data, s.pins.JoinEncryption); err != nil {

@@ -148,7 +148,7 @@ func checkTokenFile(path string, fi fs.FileInfo) error {
 	case m.IsDir():
 		return fmt.Errorf("--token-file %s: is a directory; want a regular file", path)
 	case !m.IsRegular():
-		return fmt.Errorf("--token-file %s: is not a regular file (%s); want a regular file", path, fileKind(m))
+		return fmt.Errorf("--token-file %s: is not a regular file (%s); want a regular file", path, secretfile.Kind(m))
 	}
 	if perm := fi.Mode() & (fs.ModePerm | fs.ModeSetuid | fs.ModeSetgid | fs.ModeSticky); perm != 0o600 && perm != 0o400 {
 		return fmt.Errorf("--token-file %s: mode %04o; the file must be its owner's alone, mode 0600 or 0400 (chmod 600 %s)", path, uint32(perm.Perm()), path)
@@ -157,18 +157,6 @@ func checkTokenFile(path string, fi fs.FileInfo) error {
 		return fmt.Errorf("--token-file %s: %d bytes, over the %d-byte limit; a join token file holds one short line", path, fi.Size(), MaxTokenSize)
 	}
 	return nil
-}
-
-func fileKind(m fs.FileMode) string {
-	switch {
-	case m&fs.ModeNamedPipe != 0:
-		return "a FIFO"
-	case m&fs.ModeSocket != 0:
-		return "a socket"
-	case m&fs.ModeDevice != 0:
-		return "a device"
-	}
-	return m.Type().String()
 }
 
 // RemoveTokenFile deletes a used token file: a token is single use, and one left on

@@ -18,6 +18,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 
+	"github.com/better-compute/bcd/internal/secretfile"
 	"github.com/better-compute/bcd/protocol"
 )
 
@@ -121,6 +122,9 @@ func Open(path, nodeID string, opts Options) (*Journal, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("journal: %w", err)
 	}
+	if err := checkFile(path); err != nil {
+		return nil, err
+	}
 	j := &Journal{path: path, nodeID: nodeID, max: opts.MaxEntries, log: opts.Logger}
 	err := j.open(opts.LockTimeout)
 	if err != nil && isCorrupt(err) {
@@ -136,6 +140,21 @@ func Open(path, nodeID string, opts Options) (*Journal, error) {
 		return nil, err
 	}
 	return j, nil
+}
+
+// checkFile refuses a journal path that exists but is not a regular file (a FIFO,
+// a directory, a device), naming it and what it is. bbolt would otherwise open it:
+// a FIFO opened read-write fails only later with "illegal seek", and such a file
+// must be neither moved aside as corrupt nor written into.
+func checkFile(path string) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil // missing: a new journal starts; other errors surface in bbolt's open
+	}
+	if err := secretfile.Regular(path, fi); err != nil {
+		return fmt.Errorf("journal %w", err)
+	}
+	return nil
 }
 
 // open opens the file and claims or checks its owner. Any error that is not about
@@ -227,6 +246,9 @@ func (j *Journal) Close() error { return j.db.Close() }
 func Owner(path string) (string, error) {
 	if _, err := os.Stat(path); err != nil {
 		return "", fmt.Errorf("journal: %w", err)
+	}
+	if err := checkFile(path); err != nil {
+		return "", err
 	}
 	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: 2 * time.Second})
 	if err != nil {

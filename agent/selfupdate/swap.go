@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/better-compute/bcd/internal/secretfile"
 	"github.com/better-compute/bcd/pki"
 )
 
@@ -187,8 +188,8 @@ func (m *Manager) installStaged(p *Plan, slot string) (Slot, error) {
 	if !os.SameFile(fi, li) {
 		return Slot{}, refuse(CodeStagingRefused, "the staged file %s changed while it was opened", path)
 	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); !ok || st.Nlink != 1 {
-		return Slot{}, refuse(CodeStagingRefused, "the staged file %s has %d links; it must have one", path, linksOf(fi))
+	if err := secretfile.OneLink(path, fi); err != nil {
+		return Slot{}, refuse(CodeStagingRefused, "the staged file %v", err)
 	}
 	if m.o.CheckStagedOwner {
 		if uid := ownerOf(fi); uid != int64(m.o.StagedOwner) {
@@ -203,13 +204,6 @@ func (m *Manager) installStaged(p *Plan, slot string) (Slot, error) {
 		m.log.Warn("self-update: could not remove the staged file", "path", path, "err", err)
 	}
 	return written, nil
-}
-
-func linksOf(fi fs.FileInfo) uint64 {
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		return uint64(st.Nlink)
-	}
-	return 0
 }
 
 // Exec replaces this process with the entrypoint, which now runs the new

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/better-compute/bcd/config"
 )
 
 func runBcd(t *testing.T, args ...string) (int, string, string) {
@@ -48,5 +50,33 @@ func TestVersion(t *testing.T) {
 	code, out, _ := runBcd(t, "version")
 	if code != 0 || !strings.HasPrefix(out, "bcd ") {
 		t.Errorf("bcd version: exit %d, output %q", code, out)
+	}
+}
+
+// TestConfigCheckCapsItsOutput: a file with thousands of problems prints the first
+// config.MaxCheckProblems and a line counting the rest (9,000 bad sections
+// printed 566 KB before).
+func TestConfigCheckCapsItsOutput(t *testing.T) {
+	var doc strings.Builder
+	for range 9000 {
+		doc.WriteString("[a]\n")
+	}
+	if doc.Len() > config.MaxSize {
+		t.Fatalf("the test file is %d bytes, over the limit", doc.Len())
+	}
+	p := filepath.Join(t.TempDir(), "config.toml")
+	if err := os.WriteFile(p, []byte(doc.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, _ := runBcd(t, "config", "check", "--config", p)
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	if code != 1 || len(lines) != config.MaxCheckProblems+1 {
+		t.Fatalf("exit %d, %d lines (%d bytes), want 1 and %d lines", code, len(lines), len(out), config.MaxCheckProblems+1)
+	}
+	if !strings.HasPrefix(lines[0], p+":1: ") || !strings.HasPrefix(lines[config.MaxCheckProblems-1], p+":100: ") {
+		t.Errorf("not the first problems in order: %q … %q", lines[0], lines[config.MaxCheckProblems-1])
+	}
+	if want := p + ": 8900 more problems not shown (9000 in all)"; !strings.HasPrefix(lines[config.MaxCheckProblems], want) {
+		t.Errorf("last line %q, want it to start %q", lines[config.MaxCheckProblems], want)
 	}
 }

@@ -75,7 +75,7 @@ and process_*). It has no authentication: bind it to the monitoring network.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&s.PKIDir, "pki", "", "PKI bundle directory (better-compute pki init)")
-	f.StringVar(&s.DataDir, "data", "", "data directory for the store (created 0700)")
+	f.StringVar(&s.DataDir, "data", "", "data directory for the store (created 0700; refused if group or others can write it)")
 	f.StringVar(&s.APIListen, "listen", controlplane.DefaultAPIListen, "api address (HTTPS)")
 	f.StringVar(&s.GatewayListen, "gateway-listen", controlplane.DefaultGatewayListen, "gateway address (HTTPS, agents' join and sessions)")
 	f.StringVar(&s.GatewayURL, "gateway-url", "", "gateway URL published in /.well-known/better-compute (default: $"+controlplane.EnvGatewayURL+", else https://<gateway-listen>)")

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/better-compute/bcd/internal/secretfile"
 	"github.com/better-compute/bcd/pki"
 	"github.com/better-compute/bcd/protocol"
 )
@@ -183,7 +184,8 @@ func (d DirBlobs) Open(_ context.Context, key string) (Blob, error) {
 
 // openRegular opens name beneath dir as a regular file, refusing a symlink
 // at name, an escape from dir, and anything but a regular file, each as
-// fs.ErrNotExist: to a client they are all just not there.
+// fs.ErrNotExist: to a client they are all just not there. A regular file with
+// more than one link is refused with secretfile.ErrLinks, which the handler logs.
 func openRegular(dir, name string) (Blob, error) {
 	root, err := os.OpenRoot(dir)
 	if err != nil {
@@ -207,6 +209,13 @@ func openRegular(dir, name string) (Blob, error) {
 	if err != nil || !fi2.Mode().IsRegular() || !os.SameFile(fi, fi2) {
 		f.Close()
 		return nil, fmt.Errorf("%s changed while it was opened: %w", name, fs.ErrNotExist)
+	}
+	// os.Root confines the name, not the file: a hard link under dir may be any
+	// file of the host. Not fs.ErrNotExist, so that the handler logs it (the
+	// client still sees 404).
+	if err := secretfile.OneLink(name, fi2); err != nil {
+		f.Close()
+		return nil, err
 	}
 	return fileBlob{f, fi2.ModTime()}, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -286,4 +287,40 @@ func FuzzParsePath(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestHardLinkRefused: os.Root stops a name from leaving the directory, not a
+// hard link made inside it to a file elsewhere; such a file, in the directory or
+// the blob store, is 404 to the client and logged for the operator.
+func TestHardLinkRefused(t *testing.T) {
+	tmp := t.TempDir()
+	dir := filepath.Join(tmp, "dl")
+	blobs := filepath.Join(tmp, "blobs")
+	outside := filepath.Join(tmp, "secret")
+	write(t, outside, "SECRET")
+	write(t, filepath.Join(dir, "bcd_0.1.0_linux_arm64"), "bcd arm64 from dir")
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.MkdirAll(filepath.Join(blobs, "bcd/0.4.1"), 0o755))
+	must(os.Link(outside, filepath.Join(dir, "bcd_0.4.0_linux_amd64")))
+	must(os.Link(outside, filepath.Join(blobs, "bcd/0.4.1/bcd_0.4.1_linux_amd64")))
+	var logged strings.Builder
+	base := serve(t, Options{Dir: dir, Blob: DirBlobs(blobs), Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+	for _, path := range []string{"/downloads/bcd/0.4.0/linux-amd64", "/downloads/bcd/0.4.1/linux-amd64"} {
+		resp, body := get(t, base, path, nil)
+		if resp.StatusCode != 404 || strings.Contains(body, "SECRET") {
+			t.Errorf("GET %s: %d %q, want 404 without the file outside", path, resp.StatusCode, body)
+		}
+	}
+	if got := strings.Count(logged.String(), "has 3 links; it must have one"); got != 2 {
+		t.Errorf("log has %d refusals naming the links, want 2:\n%s", got, logged.String())
+	}
+	// A file with one link beside them is served.
+	if resp, body := get(t, base, "/downloads/bcd/0.1.0/linux-arm64", nil); resp.StatusCode != 200 || body != "bcd arm64 from dir" {
+		t.Errorf("GET the single-link file: %d %q", resp.StatusCode, body)
+	}
 }

@@ -6,11 +6,13 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/better-compute/bcd/controlplane/httpjson"
 	"github.com/better-compute/bcd/controlplane/join"
 	"github.com/better-compute/bcd/controlplane/store"
+	"github.com/better-compute/bcd/internal/lograte"
 	"github.com/better-compute/bcd/protocol"
 )
 
@@ -137,6 +139,34 @@ type Server struct {
 	// Apart, so that a site agent's boot nonces never wait for a round of a
 	// thousand ramdisks' statuses to be stored (the ramdisks' joins wait for them).
 	ingest ingesters
+
+	// joinRefusals counts every join refused, a malformed request included;
+	// refusalLog lets one "join refused" line a second through. Joins need no
+	// credential to send, so a line each would let anyone fill the log.
+	joinRefusals atomic.Uint64
+	refusalLog   lograte.Limiter
+}
+
+// JoinRefusals is how many joins this gateway refused since it started, a
+// malformed request included: the count behind better_compute_join_refusals_total.
+func (s *Server) JoinRefusals() uint64 { return s.joinRefusals.Load() }
+
+// refusedJoin counts a refused join and logs it, at most once a second; the
+// line says how many refusals were left out of the log since the one before.
+func (s *Server) refusedJoin(r *http.Request, req *protocol.JoinRequest, err error) {
+	total := s.joinRefusals.Add(1)
+	ok, suppressed := s.refusalLog.Allow()
+	if !ok {
+		return
+	}
+	args := []any{"remote", r.RemoteAddr, "suppressed", suppressed, "refused_total", total}
+	if e := httpjson.Response(err); e != nil {
+		args = append(args, "code", e.Code, "reason", e.Message)
+	}
+	if req != nil {
+		args = append(args, "role", req.Role, "attestor", req.Attestor)
+	}
+	s.log().Info("join refused", args...)
 }
 
 func (s *Server) now() time.Time {
@@ -188,13 +218,14 @@ func only(method string, h http.HandlerFunc) http.HandlerFunc {
 func (s *Server) serveJoin(w http.ResponseWriter, r *http.Request) {
 	req, err := join.DecodeRequest(r.Body)
 	if err != nil {
+		s.refusedJoin(r, nil, err)
 		httpjson.WriteError(w, s.log(), err)
 		return
 	}
 	resp, err := s.Joiner.Join(r.Context(), req)
 	if err != nil {
-		if e := httpjson.Response(err); e != nil {
-			s.log().Info("join refused", "code", e.Code, "reason", e.Message, "remote", r.RemoteAddr, "role", req.Role, "attestor", req.Attestor)
+		if httpjson.Response(err) != nil {
+			s.refusedJoin(r, req, err)
 		}
 		httpjson.WriteError(w, s.log(), err)
 		return

@@ -6,7 +6,9 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"sort"
@@ -726,5 +728,92 @@ func TestResendAfterReconnect(t *testing.T) {
 	}
 	if st, n := obs.counts(); st != 2 || n < 3 {
 		t.Errorf("observer: %d statuses, %d session changes", st, n)
+	}
+}
+
+// lockedBuffer is a log destination for concurrent handlers.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestJoinRefusalsCountedAndLoggedAtABoundedRate: a join needs no credential to
+// send, so 1,000 refused joins (500 with an unknown token, refused by the real
+// JoinService, and 500 malformed) are all counted, but the log gets at most one
+// "join refused" line a second, each saying how many it left out; before, every
+// refusal was an INFO line.
+func TestJoinRefusalsCountedAndLoggedAtABoundedRate(t *testing.T) {
+	var logged lockedBuffer
+	e := start(t, func(s *Server) { s.Logger = slog.New(slog.NewTextHandler(&logged, nil)) })
+	a := cptest.NewAgent(t)
+	unknown, _ := json.Marshal(a.Request(t, e.b, "node", "bcjt_jt_00000000000000000000000000_"+strings.Repeat("a", 52), nil))
+	malformed := []byte(`{"protocol_version":1,"role":"node","unexpected":1}`)
+	c := e.client(nil)
+	start := time.Now()
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for w := range 8 {
+		wg.Go(func() {
+			for i := range 125 {
+				body := unknown
+				if (w*125+i)%2 == 1 {
+					body = malformed
+				}
+				resp, err := c.Post(e.url+protocol.PathJoin, "application/json", bytes.NewReader(body))
+				if err != nil {
+					failed.Add(1)
+					continue
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 400 && resp.StatusCode != 401 {
+					failed.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if n := failed.Load(); n != 0 {
+		t.Fatalf("%d of the 1,000 joins were not refused with 400 or 401", n)
+	}
+	if got := e.gw.JoinRefusals(); got != 1000 {
+		t.Errorf("JoinRefusals = %d, want 1000", got)
+	}
+	var lines, reported int
+	for _, l := range strings.Split(strings.TrimSpace(logged.String()), "\n") {
+		if !strings.Contains(l, `msg="join refused"`) {
+			continue
+		}
+		lines++
+		var n int
+		if _, err := fmt.Sscanf(l[strings.Index(l, "suppressed="):], "suppressed=%d", &n); err != nil {
+			t.Fatalf("no suppressed count in %q", l)
+		}
+		reported += n
+	}
+	// One line a second at most: the first, then one per second elapsed.
+	if limit := 1 + int(elapsed/time.Second); lines < 1 || lines > limit {
+		t.Errorf("%d join refused lines in %v, want 1 to %d", lines, elapsed, limit)
+	}
+	// The lines and the refusals they left out account for every refusal but
+	// those after the last line, which the next line would report.
+	if lines+reported > 1000 {
+		t.Errorf("%d lines + %d suppressed > 1,000 refusals", lines, reported)
+	}
+	if !strings.Contains(logged.String(), "refused_total=") {
+		t.Errorf("no refused_total in the log:\n%s", logged.String())
 	}
 }

@@ -22,6 +22,11 @@ import (
 
 type noMachines struct{}
 
+type noGateway struct{}
+
+func (noGateway) SessionsByRole() map[string]int { return nil }
+func (noGateway) JoinRefusals() uint64           { return 0 }
+
 func (noMachines) CountMachinesByState(context.Context) (map[string]int, error) { return nil, nil }
 
 var fqName = regexp.MustCompile(`fqName: "([^"]+)"`)
@@ -31,7 +36,7 @@ var fqName = regexp.MustCompile(`fqName: "([^"]+)"`)
 func exported(t *testing.T) map[string]bool {
 	t.Helper()
 	cs := append([]prometheus.Collector{sitemetrics.New(&site.Site{})},
-		cpmetrics.New(func() map[string]int { return nil }, noMachines{}).Collectors()...)
+		cpmetrics.New(noGateway{}, noMachines{}).Collectors()...)
 	names := map[string]bool{}
 	for _, c := range cs {
 		ch := make(chan *prometheus.Desc, 64)

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/better-compute/bcd/controlplane/store"
+	"github.com/better-compute/bcd/internal/secretfile"
 
 	_ "modernc.org/sqlite" // the pure Go SQLite driver, registered as "sqlite"
 )
@@ -445,6 +447,12 @@ func (c *stmtCache) close() error {
 // Open opens (creating when missing) the database DBFile in dir, which
 // is created 0700 when it does not exist, and brings its schema up to date.
 func Open(dir string) (store.Store, error) {
+	// An existing directory others may write in is refused, not repaired: they
+	// could have swapped the database or its WAL (token hashes, every node's
+	// claims) already.
+	if err := secretfile.CheckDir(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("store: data directory %w", err)
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("store: data directory: %w", err)
 	}

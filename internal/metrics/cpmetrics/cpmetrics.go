@@ -63,6 +63,15 @@ func known(v string, set []string) string {
 	return other
 }
 
+// Gateway is what the metrics read from the gateway at scrape time:
+// gateway.Server's counts.
+type Gateway interface {
+	// SessionsByRole is the sessions open, by role.
+	SessionsByRole() map[string]int
+	// JoinRefusals is the joins refused since start, malformed ones included.
+	JoinRefusals() uint64
+}
+
 // MachineCounter is the store's count of machines by state.
 type MachineCounter interface {
 	CountMachinesByState(ctx context.Context) (map[string]int, error)
@@ -77,15 +86,14 @@ type Metrics struct {
 	imageBytes  prometheus.Counter
 	imageWrites prometheus.Histogram
 
-	sessions func() map[string]int
+	gw       Gateway
 	machines MachineCounter
 }
 
-// New makes the metrics; sessions is gateway.Server.SessionsByRole, machines
-// the store.
-func New(sessions func() map[string]int, machines MachineCounter) *Metrics {
+// New makes the metrics of gw (a *gateway.Server) and machines (the store).
+func New(gw Gateway, machines MachineCounter) *Metrics {
 	m := &Metrics{
-		sessions: sessions,
+		gw:       gw,
 		machines: machines,
 		joins: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "joins_total",
 			Help: "Joins answered, by attestor and outcome code: OK, DEFERRED, TPM_CHALLENGE, or the refusal's code (NONCE_UNKNOWN, TOKEN_INVALID, ...)."},
@@ -113,7 +121,12 @@ func (m *Metrics) Collectors() []prometheus.Collector {
 	machines := prometheus.NewDesc(Namespace+"_machines", "Machines by lifecycle state (registered, pxe-booting, ramdisk, deploying, installing, provisioned, failed), from the store, at most 5 s old.", []string{"state"}, nil)
 	return []prometheus.Collector{
 		m.joins, m.events, m.deploy, m.imageBytes, m.imageWrites,
-		sessionCollector{desc: sessions, count: m.sessions},
+		sessionCollector{desc: sessions, count: m.gw.SessionsByRole},
+		// Read from the gateway, which counts what joins_total cannot see: a
+		// request refused before it reached the Joiner (malformed, too large).
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: Namespace, Name: "join_refusals_total",
+			Help: "Joins the gateway refused, malformed requests included (the gateway logs at most one \"join refused\" line a second; joins_total has the Joiner's refusals by attestor and code)."},
+			func() float64 { return float64(m.gw.JoinRefusals()) }),
 		&metrics.Cached{
 			Descs: []*prometheus.Desc{machines},
 			TTL:   5 * time.Second,
