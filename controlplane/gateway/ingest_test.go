@@ -102,8 +102,10 @@ func TestEventsStoredInBatches(t *testing.T) {
 	if len(calls) != 3 || calls[0] != 1 || calls[1] != 98 || calls[2] != 51 {
 		t.Errorf("AddEvents calls of %v events, want [1 98 51]", calls)
 	}
-	if len(acks) > 2 || acks[0] != 1 {
-		t.Errorf("acks %v, want 1 then %d", acks, more+1)
+	// Two acks, or one when the writer had not sent the first before the second
+	// replaced it (acks coalesce: the last one covers every entry before it).
+	if len(acks) > 2 || (len(acks) == 2 && acks[0] != 1) {
+		t.Errorf("acks %v, want 1 then %d, or %d alone", acks, more+1, more+1)
 	}
 }
 
