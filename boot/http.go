@@ -36,6 +36,12 @@ import (
 // but moving client keeps going, as nginx's send_timeout), and a file download is
 // cut at StallTimeout plus its size at MinRate however it moves. Stats counts
 // what it served and what it cut.
+//
+// A file goes out by sendfile on a corked connection (full segments, the
+// headers with the first of them), and while many are sent at once each may
+// leave only its share of a fixed budget unsent in the kernel (see
+// notsentLowat), so that a boot storm does not push the host's TCP memory into
+// pressure. Both need the connection: Serve and NewServer's server give it.
 type HTTPServer struct {
 	// Addr is the TCP address ListenAndServe listens on ([boot] listen); empty
 	// means ":8080".
