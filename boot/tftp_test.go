@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
+	"github.com/better-compute/bcd/internal/syncbuf"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -133,7 +134,7 @@ func rawRRQ(t testing.TB, addr netip.AddrPort, name string, opts ...string) (op 
 // server's log keeps the detail.
 func TestTFTPRefuses(t *testing.T) {
 	root, _ := tftpRoot(t)
-	var logged syncBuffer
+	var logged syncbuf.Buffer
 	s, addr := startTFTP(t, root, func(s *TFTPServer) {
 		s.Logger = slog.New(slog.NewTextHandler(&logged, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	})
@@ -672,22 +673,4 @@ func TestTFTPFloodOfUnacknowledgedRequests(t *testing.T) {
 	if st.Refused != 0 || oacks == 0 {
 		t.Errorf("stats %+v, %d OACKs: want the flood answered with OACKs and nothing refused", st, oacks)
 	}
-}
-
-// syncBuffer is a log destination for the server's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

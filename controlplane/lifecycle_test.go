@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
+	"github.com/better-compute/bcd/internal/syncbuf"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -174,7 +175,7 @@ func newLab(t *testing.T, timeouts string) *lab { return newLabWith(t, timeouts,
 func newLabWith(t *testing.T, timeouts string, tune func(*Server)) *lab {
 	t.Helper()
 	l := &lab{t: t, pkiDir: newPKI(t), dataDir: filepath.Join(t.TempDir(), "data"), timeouts: timeouts, machines: map[string]*fakeMachine{}, tune: tune}
-	var out *syncBuffer
+	var out *syncbuf.Buffer
 	l.s, out = l.start()
 	l.opToken = opToken.FindString(out.String())
 	l.op = operator(t, l.s, out)
@@ -204,7 +205,7 @@ func newLabWith(t *testing.T, timeouts string, tune func(*Server)) *lab {
 	return l
 }
 
-func (l *lab) start() (*Server, *syncBuffer) {
+func (l *lab) start() (*Server, *syncbuf.Buffer) {
 	return startServer(l.t, l.pkiDir, l.dataDir, func(s *Server) {
 		s.LifecycleTimeouts = l.timeouts
 		s.LifecycleTick = 50 * time.Millisecond

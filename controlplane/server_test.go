@@ -6,13 +6,13 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"encoding/pem"
+	"github.com/better-compute/bcd/internal/syncbuf"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -27,24 +27,6 @@ import (
 
 var ctx = context.Background()
 
-// syncBuffer is an io.Writer tests can read while the server writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func newPKI(t testing.TB) string {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "pki")
@@ -55,9 +37,9 @@ func newPKI(t testing.TB) string {
 }
 
 // startServer starts a control plane on loopback ports chosen by the kernel.
-func startServer(t testing.TB, pkiDir, dataDir string, mut func(*Server)) (*Server, *syncBuffer) {
+func startServer(t testing.TB, pkiDir, dataDir string, mut func(*Server)) (*Server, *syncbuf.Buffer) {
 	t.Helper()
-	out := &syncBuffer{}
+	out := &syncbuf.Buffer{}
 	s := &Server{PKIDir: pkiDir, DataDir: dataDir, APIListen: "127.0.0.1:0", GatewayListen: "127.0.0.1:0", Out: out}
 	if mut != nil {
 		mut(s)
@@ -160,7 +142,7 @@ func TestStartRefuses(t *testing.T) {
 }
 
 // operator returns an api client with the token the first start printed.
-func operator(t testing.TB, s *Server, out *syncBuffer) *client.Client {
+func operator(t testing.TB, s *Server, out *syncbuf.Buffer) *client.Client {
 	t.Helper()
 	tok := opToken.FindString(out.String())
 	c, err := client.New(s.APIURL(), tok, s.Bundle().Public.ServingCAPool())

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/better-compute/bcd/internal/syncbuf"
 	"io"
 	"log/slog"
 	"net"
@@ -33,24 +34,6 @@ func (*noSystem) Prepare(context.Context, *slog.Logger) error { return nil }
 func (s *noSystem) Network(context.Context, *slog.Logger) error {
 	s.networks.Add(1)
 	return nil
-}
-
-// syncBuffer is a console the test reads while the agent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // gateway is agenttest's gateway driven for the ramdisk: it records every status by
@@ -259,7 +242,7 @@ type harness struct {
 	g       *gateway
 	a       *Agent
 	m       *fakeMachine
-	console *syncBuffer
+	console *syncbuf.Buffer
 	done    chan error
 	cancel  context.CancelFunc
 	conn    *agenttest.Conn
@@ -269,7 +252,7 @@ func newHarness(t *testing.T, g *gateway, edit func(*Agent)) *harness {
 	t.Helper()
 	m := &fakeMachine{g: g}
 	d := &fakeDeployer{m: m}
-	console := &syncBuffer{}
+	console := &syncbuf.Buffer{}
 	fast := agent.Backoff{Initial: 5 * time.Millisecond, Max: 20 * time.Millisecond}
 	a := &Agent{
 		Params:       g.params(),
@@ -782,7 +765,7 @@ func TestUnreachableGatewayRetriesTheNetwork(t *testing.T) {
 
 func TestEventDataFlattensAttributes(t *testing.T) {
 	sink := newEventSink()
-	console := &syncBuffer{}
+	console := &syncbuf.Buffer{}
 	log := slog.New(newForwardHandler(NewLogger(console, slog.LevelWarn).Handler(), sink))
 	log.With("a", 1).WithGroup("g").Info("hello", "err", errors.New("boom"), "d", time.Second, slog.Group("x", "y", true))
 	log.Debug("not forwarded")

@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"github.com/better-compute/bcd/internal/syncbuf"
 	"io"
 	"log/slog"
 	"net"
@@ -210,24 +211,6 @@ func (f *fixture) setSpec(s protocol.Spec) {
 	f.specMu.Unlock()
 }
 
-// syncBuffer is a log destination for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func loadConfig(t *testing.T, path string) *config.Config {
 	t.Helper()
 	cfg, err := config.Load(path, config.ParseOptions{})
@@ -238,8 +221,8 @@ func loadConfig(t *testing.T, path string) *config.Config {
 }
 
 // newSite is a Site for f's configuration with test timings and a captured log.
-func newSite(f *fixture) (*site.Site, *syncBuffer) {
-	log := &syncBuffer{}
+func newSite(f *fixture) (*site.Site, *syncbuf.Buffer) {
+	log := &syncbuf.Buffer{}
 	return &site.Site{
 		Config:  f.cfg,
 		Logger:  slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug})),
@@ -250,7 +233,7 @@ func newSite(f *fixture) (*site.Site, *syncBuffer) {
 }
 
 // start runs a Site ("a process") until the test ends or stop is called.
-func (f *fixture) start(t *testing.T, tune func(*site.Site)) (s *site.Site, log *syncBuffer, stop func() error) {
+func (f *fixture) start(t *testing.T, tune func(*site.Site)) (s *site.Site, log *syncbuf.Buffer, stop func() error) {
 	t.Helper()
 	s, log = newSite(f)
 	if f.dhcpCli != nil {

@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
+	"github.com/better-compute/bcd/internal/syncbuf"
 	"io"
 	"log/slog"
 	"net"
@@ -731,31 +732,13 @@ func TestResendAfterReconnect(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a log destination for concurrent handlers.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestJoinRefusalsCountedAndLoggedAtABoundedRate: a join needs no credential to
 // send, so 1,000 refused joins (500 with an unknown token, refused by the real
 // JoinService, and 500 malformed) are all counted, but the log gets at most one
 // "join refused" line a second, each saying how many it left out; before, every
 // refusal was an INFO line.
 func TestJoinRefusalsCountedAndLoggedAtABoundedRate(t *testing.T) {
-	var logged lockedBuffer
+	var logged syncbuf.Buffer
 	e := start(t, func(s *Server) { s.Logger = slog.New(slog.NewTextHandler(&logged, nil)) })
 	a := cptest.NewAgent(t)
 	unknown, _ := json.Marshal(a.Request(t, e.b, "node", "bcjt_jt_00000000000000000000000000_"+strings.Repeat("a", 52), nil))

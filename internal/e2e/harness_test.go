@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/better-compute/bcd/internal/syncbuf"
 	"io"
 	"net"
 	"os"
@@ -13,7 +14,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -74,28 +74,11 @@ type controlPlane struct {
 	pki, data string
 	api, gw   string // host:port
 	tokenFile string
-	log       *syncBuffer
+	log       *syncbuf.Buffer
 	cmd       *exec.Cmd
 	done      chan struct{}
 	// extra are more serve flags (--cert-lifetime).
 	extra []string
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func newControlPlane(t *testing.T, serveFlags ...string) *controlPlane {
@@ -116,7 +99,7 @@ func newControlPlane(t *testing.T, serveFlags ...string) *controlPlane {
 
 func (cp *controlPlane) start() {
 	cp.t.Helper()
-	cp.log = &syncBuffer{}
+	cp.log = &syncbuf.Buffer{}
 	cp.cmd = exec.Command(bcBin, "serve", "--pki", cp.pki, "--data", cp.data, "--listen", cp.api,
 		"--gateway-listen", cp.gw, "--operator-token-file", cp.tokenFile)
 	cp.cmd.Args = append(cp.cmd.Args, cp.extra...)
@@ -324,7 +307,7 @@ func runAs(t *testing.T, cred *syscall.Credential, bin string, env []string, std
 // agentProcess is a running `bcd node` or `bcd site`.
 type agentProcess struct {
 	cmd  *exec.Cmd
-	log  *syncBuffer
+	log  *syncbuf.Buffer
 	done chan struct{}
 }
 
@@ -343,7 +326,7 @@ func startAgentBin(t *testing.T, bin string, env []string, args ...string) *agen
 // test's own).
 func startAgentAs(t *testing.T, cred *syscall.Credential, bin string, env []string, args ...string) *agentProcess {
 	t.Helper()
-	p := &agentProcess{cmd: exec.Command(bin, args...), log: &syncBuffer{}, done: make(chan struct{})}
+	p := &agentProcess{cmd: exec.Command(bin, args...), log: &syncbuf.Buffer{}, done: make(chan struct{})}
 	p.cmd.Env = append(os.Environ(), env...)
 	if cred != nil {
 		p.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}

@@ -2,17 +2,16 @@ package helper
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"github.com/better-compute/bcd/internal/syncbuf"
 	"io"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -207,28 +206,10 @@ func withSWTPM(t *testing.T, s *Server) {
 	t.Cleanup(func() { s.Keys.Close() })
 }
 
-// syncBuffer is a process's output, read while it runs.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // helperProc is a real bcd helper process run from the tree's entrypoint.
 type helperProc struct {
 	cmd    *exec.Cmd
-	out    *syncBuffer
+	out    *syncbuf.Buffer
 	exited chan struct{}
 	err    error
 }
@@ -238,7 +219,7 @@ func (tr *tree) startHelper(env ...string) *helperProc {
 	tr.t.Helper()
 	cmd := exec.Command(tr.entry, "helper", "--config", tr.config)
 	cmd.Env = append(append(os.Environ(), EnvTestTrustedRoot+"="+tr.root), env...)
-	out := &syncBuffer{}
+	out := &syncbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		tr.t.Fatal(err)
@@ -319,8 +300,8 @@ func (tr *tree) call(exe string, cred *syscall.Credential, op, body string) (int
 }
 
 // logBuffer is a JSON slog logger into a buffer the test reads.
-func logBuffer() (*slog.Logger, *syncBuffer) {
-	b := &syncBuffer{}
+func logBuffer() (*slog.Logger, *syncbuf.Buffer) {
+	b := &syncbuf.Buffer{}
 	return slog.New(slog.NewJSONHandler(b, &slog.HandlerOptions{Level: slog.LevelDebug})), b
 }
 

@@ -11,6 +11,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"github.com/better-compute/bcd/internal/syncbuf"
 	"io"
 	"net"
 	"net/http"
@@ -32,7 +33,7 @@ const wait = 30 * time.Second
 
 // newServer is the helper for tr in this process. The test binary is the
 // helper's own binary, so the test (root) is served.
-func newServer(t *testing.T, tr *tree) (*Server, *syncBuffer) {
+func newServer(t *testing.T, tr *tree) (*Server, *syncbuf.Buffer) {
 	t.Helper()
 	log, buf := logBuffer()
 	s, err := NewServer(tr.load(), tr.config, log)

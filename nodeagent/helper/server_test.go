@@ -3,6 +3,7 @@ package helper
 import (
 	"context"
 	"encoding/json"
+	"github.com/better-compute/bcd/internal/syncbuf"
 	"io"
 	"net"
 	"os"
@@ -207,7 +208,7 @@ func TestPeerChecks(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var out syncBuffer
+		var out syncbuf.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &out
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)

@@ -1,14 +1,13 @@
 package operator
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
+	"github.com/better-compute/bcd/internal/syncbuf"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,23 +17,6 @@ import (
 	"github.com/better-compute/bcd/pki"
 	"github.com/better-compute/bcd/protocol"
 )
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 var bcopRE = regexp.MustCompile(`bcop_[a-z2-7]{52}`)
 
@@ -52,7 +34,7 @@ func controlPlaneWith(t *testing.T, mut func(*controlplane.Server)) (*controlpla
 	if _, err := pki.Init(pkiDir, pki.InitOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	out := &lockedBuffer{}
+	out := &syncbuf.Buffer{}
 	s := &controlplane.Server{PKIDir: pkiDir, DataDir: filepath.Join(t.TempDir(), "data"),
 		APIListen: "127.0.0.1:0", GatewayListen: "127.0.0.1:0", Out: out}
 	if mut != nil {
