@@ -85,6 +85,10 @@ type SessionBench struct {
 	opToken string
 	lgs     []*loadgenProc
 	lgEv    chan lgEvent
+	// early holds events read while waiting for another: a load generator
+	// that is ahead sends its next step's event (prepared right after
+	// joined) before the others have sent this one's.
+	early []lgEvent
 }
 
 // ProcSample is a process as /proc and its metrics show it at one moment.
@@ -542,32 +546,43 @@ func (b *SessionBench) waitAll(ctx context.Context, want string) ([]loadgenEvent
 	have := make([]bool, len(b.lgs))
 	welcomed := make([]int, len(b.lgs))
 	warnings := make([]int64, len(b.lgs))
+	early := b.early
+	b.early = nil
 	for n := 0; n < len(b.lgs); {
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("simlab: waiting for the load generators' %s: %w", want, ctx.Err())
-		case ev := <-b.lgEv:
-			switch {
-			case ev.closed:
-				return nil, fmt.Errorf("simlab: load generator %d exited before %s\n%s", ev.k, want, tailFile(b.lgs[ev.k].log, 20))
-			case ev.e.Event == want && !have[ev.k]:
-				got[ev.k], have[ev.k] = ev.e, true
-				n++
-			case ev.e.Event == "error":
-				return nil, fmt.Errorf("simlab: load generator %d: %s", ev.k, ev.e.Error)
-			case ev.e.Event == "progress":
-				welcomed[ev.k], warnings[ev.k] = ev.e.N, ev.e.Warnings
-				if ev.k == 0 {
-					var sw int
-					var ww int64
-					for i := range welcomed {
-						sw, ww = sw+welcomed[i], ww+warnings[i]
-					}
-					b.logf("%d of %d sessions welcomed (%d warnings)", sw, b.Sessions, ww)
+		var ev lgEvent
+		if len(early) > 0 {
+			ev, early = early[0], early[1:]
+		} else {
+			select {
+			case <-ctx.Done():
+				return nil, fmt.Errorf("simlab: waiting for the load generators' %s: %w", want, ctx.Err())
+			case ev = <-b.lgEv:
+			}
+		}
+		switch {
+		case ev.closed:
+			return nil, fmt.Errorf("simlab: load generator %d exited before %s\n%s", ev.k, want, tailFile(b.lgs[ev.k].log, 20))
+		case ev.e.Event == want && !have[ev.k]:
+			got[ev.k], have[ev.k] = ev.e, true
+			n++
+		case ev.e.Event == "error":
+			return nil, fmt.Errorf("simlab: load generator %d: %s", ev.k, ev.e.Error)
+		case ev.e.Event != "progress":
+			// The next step's, from one that is ahead.
+			b.early = append(b.early, ev)
+		case ev.e.Event == "progress":
+			welcomed[ev.k], warnings[ev.k] = ev.e.N, ev.e.Warnings
+			if ev.k == 0 {
+				var sw int
+				var ww int64
+				for i := range welcomed {
+					sw, ww = sw+welcomed[i], ww+warnings[i]
 				}
+				b.logf("%d of %d sessions welcomed (%d warnings)", sw, b.Sessions, ww)
 			}
 		}
 	}
+	b.early = append(b.early, early...)
 	return got, nil
 }
 
