@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/better-compute/bcd/agent"
@@ -66,8 +67,17 @@ func (a *Agent) exclusive(h agent.Handler) agent.Handler {
 				Message: fmt.Sprintf("a %s command is running; %s waits for it to end", other, cmd.Kind)})
 		}
 		a.busyWith.Store(cmd.Kind)
-		defer a.busy.Unlock()
-		return h(ctx, cmd, report)
+		// Free the disks before the final status leaves, not after the
+		// handler returns: the control plane sends the next command as soon
+		// as it reads that status, and found the lock still held (busy).
+		var release sync.Once
+		defer release.Do(a.busy.Unlock)
+		return h(ctx, cmd, func(st protocol.Status) error {
+			if protocol.Terminal(st.State) {
+				release.Do(a.busy.Unlock)
+			}
+			return report(st)
+		})
 	}
 }
 
