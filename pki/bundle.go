@@ -200,6 +200,12 @@ func Init(dir string, opts InitOptions) (*Public, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pki init: %w", err)
 	}
+	// The secrets keyring goes before public.json, which is written last.
+	kf, err := newKeyringFile()
+	if err != nil {
+		return nil, fmt.Errorf("pki init: %w", err)
+	}
+	files = append(files[:len(files)-1:len(files)-1], kf, files[len(files)-1])
 	if fi == nil {
 		err = writeNewDir(dir, files)
 	} else {
