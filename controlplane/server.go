@@ -25,6 +25,7 @@ import (
 	"github.com/better-compute/bcd/controlplane/machines"
 	"github.com/better-compute/bcd/controlplane/rollouts"
 	"github.com/better-compute/bcd/controlplane/store"
+	"github.com/better-compute/bcd/controlplane/store/sealed"
 	"github.com/better-compute/bcd/controlplane/store/sqlite"
 	"github.com/better-compute/bcd/controlplane/token"
 	"github.com/better-compute/bcd/internal/metrics"
@@ -205,6 +206,57 @@ func (s *Server) Run(ctx context.Context) error {
 	return errors.Join(err, s.Shutdown(sctx))
 }
 
+// openStore opens the SQLite store in dataDir with its secrets sealed under
+// the keyring in pkiDir (created for a bundle older than it).
+// It holds the keyring's lock until the store is closed.
+func openStore(pkiDir, dataDir string) (store.Store, error) {
+	unlock, err := pki.LockSecretsKeyring(pkiDir)
+	if err != nil {
+		return nil, err
+	}
+	k, err := pki.OpenSecretsKeyring(pkiDir)
+	if err != nil {
+		unlock()
+		return nil, err
+	}
+	st, err := sqlite.Open(dataDir)
+	if err != nil {
+		unlock()
+		return nil, err
+	}
+	ss, err := sealed.Wrap(st, k)
+	if err != nil {
+		st.Close()
+		unlock()
+		return nil, err
+	}
+	return lockedStore{ss, unlock}, nil
+}
+
+// lockedStore releases the keyring's lock when the store closes.
+type lockedStore struct {
+	*sealed.Store
+	unlock func()
+}
+
+func (l lockedStore) Close() error {
+	defer l.unlock()
+	return l.Store.Close()
+}
+
+// RotateSecretsKey makes a new primary key in the keyring in pkiDir, reseals
+// every secret in the store in dataDir under it and retires the old keys
+// (better-compute pki rotate-secrets-key). Serve must not run on dataDir
+// meanwhile. It returns the new key's id and how many values it resealed.
+func RotateSecretsKey(ctx context.Context, pkiDir, dataDir string) (string, int, error) {
+	st, err := openStore(pkiDir, dataDir)
+	if err != nil {
+		return "", 0, err
+	}
+	defer st.Close()
+	return st.(lockedStore).Rotate(ctx)
+}
+
 // Start opens everything and starts serving in the background.
 func (s *Server) Start() (err error) {
 	if s.PKIDir == "" {
@@ -241,11 +293,18 @@ func (s *Server) Start() (err error) {
 	if s.bundle, err = pki.LoadBundle(s.PKIDir); err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
-	if s.store, err = sqlite.Open(s.DataDir); err != nil {
+	if s.store, err = openStore(s.PKIDir, s.DataDir); err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
 	cleanup = append(cleanup, func() { s.store.Close() })
 	ctx := context.Background()
+	// A database from before sealing, or one a rotation left half done, is
+	// sealed under the primary key before anything reads it.
+	if n, err := s.store.(lockedStore).RewriteSecrets(ctx); err != nil {
+		return fmt.Errorf("serve: %w", err)
+	} else if n > 0 {
+		s.log().Info("sealed stored secrets", "values", n)
+	}
 	// Sessions left open by a process that died are over.
 	if err := s.store.CloseAllSessions(ctx, time.Now()); err != nil {
 		return fmt.Errorf("serve: %w", err)

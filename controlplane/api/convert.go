@@ -97,7 +97,8 @@ func toRollout(r store.Rollout) apitype.Rollout {
 
 // toCommand is c with the content of every file in its params (a
 // deploy.image's config, join token and node id) replaced by
-// content_redacted and content_bytes. The agent gets the params whole; an
+// content_redacted and content_bytes, and its image url redacted like a
+// deployment's (redactImageURL). The agent gets the params whole; an
 // operator reading the command back never sees the join token.
 func toCommand(c store.Command) apitype.Command {
 	return apitype.Command{ID: c.ID, NodeID: c.NodeID, MachineID: c.MachineID, Kind: c.Kind, Params: redactParams(c.Params),
@@ -114,9 +115,14 @@ func redactParams(params json.RawMessage) json.RawMessage {
 		// Params that are not an object cannot be shown safely.
 		return nil
 	}
+	redactImageURL(obj)
 	raw, ok := obj["files"]
 	if !ok {
-		return params
+		out, err := json.Marshal(obj)
+		if err != nil {
+			return nil
+		}
+		return out
 	}
 	var files []map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &files); err != nil {
@@ -147,6 +153,32 @@ func redactParams(params json.RawMessage) json.RawMessage {
 		return nil
 	}
 	return out
+}
+
+// redactImageURL puts a deploy.image's image.url through protocol.RedactURL,
+// as toDeployment does (userinfo and a presigned URL's query go); image
+// params that do not decode lose the url.
+func redactImageURL(obj map[string]json.RawMessage) {
+	raw, ok := obj["image"]
+	if !ok {
+		return
+	}
+	var img map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &img); err != nil {
+		delete(obj, "image")
+		return
+	}
+	u, ok := img["url"]
+	if !ok {
+		return
+	}
+	var s string
+	if err := json.Unmarshal(u, &s); err != nil {
+		delete(img, "url")
+	} else {
+		img["url"], _ = json.Marshal(protocol.RedactURL(s))
+	}
+	obj["image"], _ = json.Marshal(img)
 }
 
 // toMachine is m as the api shows it: its BMC without the password, with

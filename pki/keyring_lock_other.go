@@ -1,0 +1,10 @@
+//go:build !unix
+
+package pki
+
+import "errors"
+
+// LockSecretsKeyring is not implemented outside unix.
+func LockSecretsKeyring(pkiDir string) (unlock func(), err error) {
+	return nil, errors.New("keyring lock: not implemented on this system")
+}
