@@ -208,9 +208,10 @@ func (s *Server) Run(ctx context.Context) error {
 
 // openStore opens the SQLite store in dataDir with its secrets sealed under
 // the keyring in pkiDir (created for a bundle older than it).
-// It holds the keyring's lock until the store is closed.
-func openStore(pkiDir, dataDir string) (store.Store, error) {
-	unlock, err := pki.LockSecretsKeyring(pkiDir)
+// It holds the keyring's lock (exclusive for a rotation, else shared) until
+// the store is closed.
+func openStore(pkiDir, dataDir string, exclusive bool) (store.Store, error) {
+	unlock, err := pki.LockSecretsKeyring(pkiDir, exclusive)
 	if err != nil {
 		return nil, err
 	}
@@ -249,7 +250,7 @@ func (l lockedStore) Close() error {
 // (better-compute pki rotate-secrets-key). Serve must not run on dataDir
 // meanwhile. It returns the new key's id and how many values it resealed.
 func RotateSecretsKey(ctx context.Context, pkiDir, dataDir string) (string, int, error) {
-	st, err := openStore(pkiDir, dataDir)
+	st, err := openStore(pkiDir, dataDir, true)
 	if err != nil {
 		return "", 0, err
 	}
@@ -293,7 +294,7 @@ func (s *Server) Start() (err error) {
 	if s.bundle, err = pki.LoadBundle(s.PKIDir); err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
-	if s.store, err = openStore(s.PKIDir, s.DataDir); err != nil {
+	if s.store, err = openStore(s.PKIDir, s.DataDir, false); err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
 	cleanup = append(cleanup, func() { s.store.Close() })

@@ -10,20 +10,24 @@ import (
 	"syscall"
 )
 
-// LockSecretsKeyring takes the keyring's lock (<pkiDir>/secrets.key.lock,
-// an exclusive flock) for as long as the process uses the keyring: serve
-// holds it while it runs, and a rotation refuses to start under a serve
-// that would keep sealing under the key it retires.
-func LockSecretsKeyring(pkiDir string) (unlock func(), err error) {
+// LockSecretsKeyring takes the keyring's lock (<pkiDir>/secrets.key.lock, a
+// flock) for as long as the process uses the keyring: each serve holds it
+// shared while it runs, and a rotation (exclusive) refuses to start under a
+// serve that would keep sealing under the key it retires.
+func LockSecretsKeyring(pkiDir string, exclusive bool) (unlock func(), err error) {
 	path := filepath.Join(pkiDir, SecretsKeyFile+".lock")
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, privateMode)
 	if err != nil {
 		return nil, fmt.Errorf("keyring lock: %w", err)
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+	how := syscall.LOCK_SH
+	if exclusive {
+		how = syscall.LOCK_EX
+	}
+	if err := syscall.Flock(int(f.Fd()), how|syscall.LOCK_NB); err != nil {
 		f.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("keyring lock: %s is held by another process (a better-compute serve on this bundle?): stop it first", path)
+			return nil, fmt.Errorf("keyring lock: %s is held by another process (a better-compute serve, or a rotation, on this bundle): stop it first", path)
 		}
 		return nil, fmt.Errorf("keyring lock: %s: %w", path, err)
 	}

@@ -23,5 +23,10 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 func newRoot() *cobra.Command {
 	root := operator.NewRoot()
 	root.AddCommand(newServeCmd())
+	for _, c := range root.Commands() {
+		if c.Name() == "pki" {
+			c.AddCommand(newRotateSecretsKeyCmd())
+		}
+	}
 	return root
 }
