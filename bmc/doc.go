@@ -11,7 +11,9 @@
 // command or wire vocabulary beyond the bmc_hosts section it stores.
 //
 // The BMCs and their credentials come from the site's desired state (the bmc_hosts
-// section) and are kept by Store in bmc-hosts.json under data_dir, mode 0600.
+// section) and are kept by Store in bmc-hosts.json under data_dir, mode 0600, each
+// password sealed under the keyring bmc-hosts.key beside it, so the file alone (a
+// backup, a copy) yields none.
 // Passwords travel only inside Host values, whose Password is a Secret: formatting
 // or logging one prints "[redacted]", so a password reaches no log line or error
 // message, and no process's argv (the plugin receives it over its gRPC channel).

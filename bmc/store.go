@@ -24,8 +24,18 @@ const HostsFile = "bmc-hosts.json"
 // MaxHostsSize bounds bmc-hosts.json and a bmc_hosts section.
 const MaxHostsSize = 4 << 20
 
-// hostsFileVersion is the format of bmc-hosts.json.
-const hostsFileVersion = 1
+// HostsKeyFile is the keyring under data_dir that seals the passwords in
+// bmc-hosts.json: a copy of the file alone (a backup) yields none.
+const HostsKeyFile = "bmc-hosts.key"
+
+// hostsFileVersion is the format of bmc-hosts.json: 2 has every password
+// sealed under HostsKeyFile; 1 (before sealing) had them in the clear, and is
+// read once and rewritten as 2.
+const (
+	hostsFileVersion   = 2
+	plainHostsVersion  = 1
+	hostsPasswordLabel = "bmc-hosts password"
+)
 
 type hostsFile struct {
 	Version int                `json:"version"`
@@ -33,32 +43,52 @@ type hostsFile struct {
 }
 
 // Store keeps the site's BMC hosts from its desired state in bmc-hosts.json (0600,
-// replaced atomically), so a restarted site agent can drive BMCs before the control
-// plane answers. It is safe for concurrent use.
+// replaced atomically, each password sealed under bmc-hosts.key), so a restarted
+// site agent can drive BMCs before the control plane answers. It is safe for
+// concurrent use.
 type Store struct {
 	path  string
+	key   *pki.Keyring
 	mu    sync.RWMutex
 	hosts map[string]protocol.BMCHost
 }
 
-// OpenStore reads <dataDir>/bmc-hosts.json, or starts empty when there is none. A
-// file that group or others may access is refused: it holds BMC passwords, and one
-// that has been readable must be treated as leaked.
+// OpenStore reads <dataDir>/bmc-hosts.json, or starts empty when there is none,
+// with the keyring <dataDir>/bmc-hosts.key (0600, created when missing). A file
+// that group or others may access is refused: it holds BMC passwords, and one
+// that has been readable must be treated as leaked. A file from before sealing
+// is rewritten sealed.
 func OpenStore(dataDir string) (*Store, error) {
 	s := &Store{path: filepath.Join(dataDir, HostsFile), hosts: map[string]protocol.BMCHost{}}
 	b, err := secretfile.Read(s.path, secretfile.Options{Limit: MaxHostsSize, Private: true, What: "BMC passwords (treat them as leaked)", NoFollow: true})
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("bmc hosts: %w", err)
+	}
+	k, kerr := pki.OpenKeyring(filepath.Join(dataDir, HostsKeyFile), true)
+	if kerr != nil {
+		return nil, fmt.Errorf("bmc hosts: %w", kerr)
+	}
+	s.key = k
 	if errors.Is(err, fs.ErrNotExist) {
 		return s, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("bmc hosts: %w", err)
 	}
 	var hf hostsFile
 	if err := json.Unmarshal(b, &hf); err != nil {
 		return nil, fmt.Errorf("bmc hosts: %s: %w", s.path, JSONError(err))
 	}
-	if hf.Version != hostsFileVersion {
-		return nil, fmt.Errorf("bmc hosts: %s has version %d, this bcd reads version %d", s.path, hf.Version, hostsFileVersion)
+	switch hf.Version {
+	case hostsFileVersion:
+		for i, h := range hf.Hosts {
+			if h.Password == "" {
+				continue
+			}
+			if hf.Hosts[i].Password, err = k.Open(hostsPasswordLabel, h.Password); err != nil {
+				return nil, fmt.Errorf("bmc hosts: %s: machine %s: %w", s.path, h.Machine, err)
+			}
+		}
+	case plainHostsVersion:
+	default:
+		return nil, fmt.Errorf("bmc hosts: %s has version %d, this bcd reads versions %d and %d", s.path, hf.Version, plainHostsVersion, hostsFileVersion)
 	}
 	sec := protocol.BMCHostsSection{Hosts: hf.Hosts}
 	if err := sec.Validate(); err != nil {
@@ -66,6 +96,11 @@ func OpenStore(dataDir string) (*Store, error) {
 	}
 	for _, h := range hf.Hosts {
 		s.hosts[h.Machine] = h
+	}
+	if hf.Version == plainHostsVersion {
+		if err := s.write(s.hosts); err != nil {
+			return nil, err
+		}
 	}
 	return s, nil
 }
@@ -120,21 +155,36 @@ func (s *Store) Apply(sec protocol.BMCHostsSection) error {
 			return nil
 		}
 	}
-	b, err := encodeHosts(next)
+	if err := s.write(next); err != nil {
+		return err
+	}
+	s.hosts = next
+	return nil
+}
+
+// write replaces the file with hosts, their passwords sealed.
+func (s *Store) write(hosts map[string]protocol.BMCHost) error {
+	b, err := s.encodeHosts(hosts)
 	if err != nil {
 		return err
 	}
 	if err := pki.WriteFileAtomic(s.path, b, 0o600); err != nil {
 		return fmt.Errorf("bmc hosts: %w", err)
 	}
-	s.hosts = next
 	return nil
 }
 
-func encodeHosts(m map[string]protocol.BMCHost) ([]byte, error) {
+func (s *Store) encodeHosts(m map[string]protocol.BMCHost) ([]byte, error) {
 	hf := hostsFile{Version: hostsFileVersion, Hosts: make([]protocol.BMCHost, 0, len(m))}
 	for _, name := range slices.Sorted(maps.Keys(m)) {
-		hf.Hosts = append(hf.Hosts, m[name])
+		h := m[name]
+		if h.Password != "" {
+			var err error
+			if h.Password, err = s.key.Seal(hostsPasswordLabel, h.Password); err != nil {
+				return nil, fmt.Errorf("bmc hosts: seal: %w", err)
+			}
+		}
+		hf.Hosts = append(hf.Hosts, h)
 	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)

@@ -39,8 +39,8 @@ func TestStoreKeepsHostsAcrossRestarts(t *testing.T) {
 	if fi.Mode().Perm() != 0o600 {
 		t.Errorf("bmc-hosts.json has mode %04o, want 0600", fi.Mode().Perm())
 	}
-	// No temporary file is left beside it.
-	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+	// No temporary file is left beside it and its key.
+	if entries, _ := os.ReadDir(dir); len(entries) != 2 {
 		t.Errorf("data dir holds %v", entries)
 	}
 
@@ -73,6 +73,58 @@ func TestStoreKeepsHostsAcrossRestarts(t *testing.T) {
 	}
 }
 
+// TestStoreSealsPasswords: bmc-hosts.json holds no password in the clear, only
+// sealed under bmc-hosts.key (0600, created on first use); a file from before
+// sealing (version 1) is read once and rewritten sealed.
+func TestStoreSealsPasswords(t *testing.T) {
+	dir := t.TempDir()
+	s, err := OpenStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Apply(section); err != nil {
+		t.Fatal(err)
+	}
+	noPassword := func(when string) {
+		t.Helper()
+		b, err := os.ReadFile(filepath.Join(dir, HostsFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(b), secret) || !strings.Contains(string(b), `"machine": "m-1"`) {
+			t.Errorf("%s: bmc-hosts.json is\n%s", when, b)
+		}
+	}
+	noPassword("after Apply")
+	if fi, err := os.Stat(filepath.Join(dir, HostsKeyFile)); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("bmc-hosts.key: %v %v, want mode 0600", fi, err)
+	}
+
+	old := t.TempDir()
+	b, _ := json.Marshal(hostsFile{Version: 1, Hosts: section.Hosts})
+	if err := os.WriteFile(filepath.Join(old, HostsFile), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dir = old
+	s, err = OpenStore(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	noPassword("after opening a version 1 file")
+	for _, st := range []*Store{s, must(OpenStore(old))} {
+		if h, _, ok := st.Lookup("m-2"); !ok || string(h.Password) != secret {
+			t.Errorf("Lookup(m-2) after the rewrite: %v %v", h, ok)
+		}
+	}
+}
+
+func must(s *Store, err error) *Store {
+	if err != nil {
+		panic(err)
+	}
+	return s
+}
+
 func TestStoreRefusesReadableFile(t *testing.T) {
 	dir := t.TempDir()
 	b, _ := json.Marshal(hostsFile{Version: 1, Hosts: section.Hosts})
@@ -92,7 +144,8 @@ func TestStoreRefusesBadFiles(t *testing.T) {
 		name, content, want string
 	}{
 		{"not json", `{"version":1,"hosts":[{"machine":"m","password":"` + secret + `"`, "not valid JSON"},
-		{"future version", `{"version":2,"hosts":[]}`, "has version 2"},
+		{"future version", `{"version":3,"hosts":[]}`, "has version 3"},
+		{"sealed under another key", `{"version":2,"hosts":[{"machine":"m","address":"h","username":"u","password":"sealed:v1:0011223344556677:AAAA"}]}`, `no key "0011223344556677"`},
 		{"bad entry", `{"version":1,"hosts":[{"machine":"m","address":"a b","username":"u","password":"` + secret + `"}]}`, `address "a b"`},
 		{"wrong type", `{"version":1,"hosts":[{"machine":"m","address":"h","username":"u","password":7}]}`, "must be string"},
 	} {

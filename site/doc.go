@@ -59,5 +59,7 @@
 //	site-spec.json  0600, atomic: the last spec the gateway sent, without
 //	                bmc_hosts; applied at start so a restart during a gateway
 //	                outage keeps booting machines
-//	bmc-hosts.json  0600, atomic: the BMC hosts with their credentials (bmc.Store)
+//	bmc-hosts.json  0600, atomic: the BMC hosts with their credentials, each
+//	                password sealed (AES-256-GCM) under bmc-hosts.key (bmc.Store)
+//	bmc-hosts.key   0600: the keyring that seals them, made on first use
 package site

@@ -466,8 +466,8 @@ func TestBootFromWelcomeSpec(t *testing.T) {
 }
 
 // TestSpecSurvivesRestartWithGatewayDown: the spec received is kept in
-// site-spec.json (without BMC passwords, which go to bmc-hosts.json only, both
-// 0600), and a site agent started while the gateway is down boots from it.
+// site-spec.json (without BMC passwords, which go to bmc-hosts.json only,
+// sealed under bmc-hosts.key, all 0600), and a site agent started while the gateway is down boots from it.
 func TestSpecSurvivesRestartWithGatewayDown(t *testing.T) {
 	f := newFixture(t, protocol.RoleSite, true)
 	spec := bootSpec(t, 5)
@@ -481,7 +481,7 @@ func TestSpecSurvivesRestartWithGatewayDown(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
-	for _, name := range []string{site.SpecFile, "bmc-hosts.json"} {
+	for _, name := range []string{site.SpecFile, "bmc-hosts.json", "bmc-hosts.key"} {
 		fi, err := os.Stat(filepath.Join(f.dataDir, name))
 		if err != nil || fi.Mode().Perm() != 0o600 {
 			t.Errorf("%s: %v, mode %v", name, err, fi.Mode())
@@ -491,8 +491,8 @@ func TestSpecSurvivesRestartWithGatewayDown(t *testing.T) {
 	if bytes.Contains(b, []byte("hunter2")) {
 		t.Error("site-spec.json holds a BMC password")
 	}
-	if b, _ := os.ReadFile(filepath.Join(f.dataDir, "bmc-hosts.json")); !bytes.Contains(b, []byte("10.20.1.10")) {
-		t.Errorf("bmc-hosts.json: %s", b)
+	if b, _ := os.ReadFile(filepath.Join(f.dataDir, "bmc-hosts.json")); !bytes.Contains(b, []byte("10.20.1.10")) || bytes.Contains(b, []byte("hunter2")) {
+		t.Errorf("bmc-hosts.json, want the host and no password in the clear: %s", b)
 	}
 	if strings.Contains(log.String(), "hunter2") {
 		t.Error("a BMC password is in the log")
