@@ -5,7 +5,7 @@
 // # The bundle
 //
 // Init (better-compute pki init DIR) makes a directory, mode 0700, holding
-// only ECDSA P-256 keys:
+// ECDSA P-256 keys and the secrets keyring:
 //
 //	serving-ca.key       0600  serving CA key (PKCS#8 PEM): signs the api/gateway TLS certificates
 //	serving-ca.crt       0644  serving CA certificate, self-signed, 10 years
@@ -16,6 +16,14 @@
 //	node-ca.crt          0644  node CA certificate, self-signed, 10 years, URI-constrained to the trust domain
 //	public.json          0644  the shareable half: trust domain, the three pins, the JWK, both CA
 //	                           certificates and the join signing public key
+//	secrets.key          0600  the AES-256-GCM keyring serve seals stored secrets under (Keyring;
+//	                           made at serve's first start for a bundle older than it)
+//	secrets.key.lock     0600  its flock: shared by each serve, exclusive for a rotation
+//
+// A Keyring seals a value under its primary key as "sealed:v1:<key id>:<base64>"
+// and opens it under any key it holds, so a rotation (Rotate, reseal, Retire)
+// never leaves a value it cannot open. The site agent keeps one too
+// (bmc-hosts.key, for bmc-hosts.json).
 //
 // public.json is written last and is all LoadPublic reads, so the install
 // script generator and the well-known document need no secret. LoadBundle

@@ -141,11 +141,19 @@ func (k *Keyring) addKey() (string, error) {
 // Rotate adds a new primary key and writes the keyring; the old keys stay
 // until Retire, so values sealed under them still open.
 func (k *Keyring) Rotate() (string, error) {
+	prev := k.primary
 	kid, err := k.addKey()
 	if err != nil {
 		return "", err
 	}
-	return kid, k.Save()
+	if err := k.Save(); err != nil {
+		// Nothing may be sealed under a key the file does not hold.
+		delete(k.keys, kid)
+		delete(k.raw, kid)
+		k.primary = prev
+		return "", err
+	}
+	return kid, nil
 }
 
 // Retire removes every key but the primary and writes the keyring. Call it
