@@ -17,6 +17,14 @@ import (
 func LockSecretsKeyring(pkiDir string, exclusive bool) (unlock func(), err error) {
 	path := filepath.Join(pkiDir, SecretsKeyFile+".lock")
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, privateMode)
+	if errors.Is(err, syscall.EROFS) {
+		// On a read-only mount (a bundle from a Secret volume) the lock
+		// file is used when it is there; without it there is nothing to
+		// hold, since no rotation can write the keyring either.
+		if f, err = os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0); errors.Is(err, os.ErrNotExist) && !exclusive {
+			return func() {}, nil
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("keyring lock: %w", err)
 	}
