@@ -58,8 +58,13 @@ type keyringKey struct {
 // OpenKeyring reads the keyring at path, creating it (mode 0600, one new key)
 // when create is set and there is none. A keyring that group or others may
 // read is refused: it opens every sealed value.
+// A symbolic link at path is refused: a daemon's own keyring is never one.
 func OpenKeyring(path string, create bool) (*Keyring, error) {
-	b, err := secretfile.Read(path, secretfile.Options{Limit: maxKeyringSize, Private: true, What: "the secrets keyring", NoFollow: true})
+	return openKeyring(path, create, true)
+}
+
+func openKeyring(path string, create, noFollow bool) (*Keyring, error) {
+	b, err := secretfile.Read(path, secretfile.Options{Limit: maxKeyringSize, Private: true, What: "the secrets keyring", NoFollow: noFollow})
 	if errors.Is(err, fs.ErrNotExist) && create {
 		k := &Keyring{path: path, keys: map[string]cipher.AEAD{}, raw: map[string][]byte{}}
 		if _, err := k.addKey(); err != nil {
@@ -97,9 +102,10 @@ func OpenKeyring(path string, create bool) (*Keyring, error) {
 }
 
 // OpenSecretsKeyring opens <pkiDir>/secrets.key, creating it for a bundle made
-// before there was one.
+// before there was one. Like the bundle's keys it may be a symbolic link (a
+// Secret volume's).
 func OpenSecretsKeyring(pkiDir string) (*Keyring, error) {
-	return OpenKeyring(filepath.Join(pkiDir, SecretsKeyFile), true)
+	return openKeyring(filepath.Join(pkiDir, SecretsKeyFile), true, false)
 }
 
 func validKeyID(id string) bool {
