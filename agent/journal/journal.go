@@ -53,6 +53,11 @@ var (
 	keyNextSeq = []byte("next_seq")
 )
 
+// ErrFull is what appending events returns when none of them could be journaled:
+// the journal holds max_entries statuses (and boot nonces, which a plain event does
+// not displace either), and a status never gives way to an event.
+var ErrFull = errors.New("the journal is full of statuses: the events are not journaled")
+
 // Entry is one unacknowledged status or event.
 type Entry struct {
 	// Seq is the journal sequence number, also inside Data.
@@ -414,6 +419,9 @@ func (j *Journal) append(typ string, n int, encode func(i int, seq uint64) ([]by
 				c--
 			}
 		}
+		if refused == n && typ == TypeEvent {
+			return ErrFull // and the transaction rolls back: nothing changed
+		}
 		count = c
 		return nil
 	})
@@ -422,7 +430,7 @@ func (j *Journal) append(typ string, n int, encode func(i int, seq uint64) ([]by
 	}
 	j.count.Store(count)
 	switch {
-	case refused > 0 && refused == len(dropped) && typ == TypeEvent:
+	case refused > 0 && refused == len(dropped):
 		// Nothing older could give way: the journal holds statuses (and
 		// boot nonces) only, and an event never displaces either.
 		j.log.Warn("journal full of statuses: new events not journaled", "max_entries", j.max, "refused", refused)

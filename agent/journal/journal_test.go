@@ -334,8 +334,9 @@ func TestAppendEventsIsOneBatch(t *testing.T) {
 }
 
 // TestFullJournalKeepsStatuses: statuses, the commands' results, never give way
-// to events. A journal full of statuses (and a boot nonce) takes no new event,
-// and keeps every status; one that also holds events drops those first.
+// to events. A journal full of statuses (and a boot nonce) refuses a new event
+// with ErrFull and keeps every status; one that also holds events drops those
+// first.
 func TestFullJournalKeepsStatuses(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -344,10 +345,12 @@ func TestFullJournalKeepsStatuses(t *testing.T) {
 		// one batch.
 		before string
 		want   []uint64
+		// full: the appends are refused with ErrFull.
+		full bool
 	}{
-		{"statuses only", "sssss", []uint64{1, 2, 3, 4, 5}},
-		{"statuses and a nonce", "ssnss", []uint64{1, 2, 3, 4, 5}},
-		{"statuses and events", "sesse", []uint64{1, 3, 4, 10, 11}},
+		{"statuses only", "sssss", []uint64{1, 2, 3, 4, 5}, true},
+		{"statuses and a nonce", "ssnss", []uint64{1, 2, 3, 4, 5}, true},
+		{"statuses and events", "sesse", []uint64{1, 3, 4, 10, 11}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			j := open(t, filepath.Join(t.TempDir(), FileName), "node_a", Options{MaxEntries: 5})
@@ -365,15 +368,19 @@ func TestFullJournalKeepsStatuses(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			for range 3 {
-				if _, err := j.AppendEvent(protocol.Event{Kind: protocol.EventMachineBooted}); err != nil {
-					t.Fatal(err)
+			check := func(err error) {
+				t.Helper()
+				if tc.full && !errors.Is(err, ErrFull) || !tc.full && err != nil {
+					t.Fatalf("append: %v, want ErrFull %v", err, tc.full)
 				}
 			}
-			batch := []protocol.Event{{Kind: protocol.EventLog}, {Kind: protocol.EventLog}, {Kind: protocol.EventLog}}
-			if _, err := j.AppendEvents(batch); err != nil {
-				t.Fatal(err)
+			for range 3 {
+				_, err := j.AppendEvent(protocol.Event{Kind: protocol.EventMachineBooted})
+				check(err)
 			}
+			batch := []protocol.Event{{Kind: protocol.EventLog}, {Kind: protocol.EventLog}, {Kind: protocol.EventLog}}
+			_, err := j.AppendEvents(batch)
+			check(err)
 			if got := pendingSeqs(t, j); !slices.Equal(got, tc.want) {
 				t.Errorf("pending seqs = %v, want %v", got, tc.want)
 			}
