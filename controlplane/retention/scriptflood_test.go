@@ -161,6 +161,13 @@ func TestScriptFloodIsPruned(t *testing.T) {
 		resp.Body.Close()
 		return strings.Contains(string(b), "bcd.boot_nonce=")
 	})
+	// The probe's nonce is the timeline's first; the timeline's times are when
+	// the gateway stored each, so the flood starts once it has.
+	waitUntil("the probe's nonce stored", func() bool {
+		ingestMu.Lock()
+		defer ingestMu.Unlock()
+		return stored >= 1
+	})
 	var last string
 	floodStart := time.Now()
 	for i := 0; i < gets; i++ {
