@@ -23,6 +23,7 @@ import (
 	"github.com/better-compute/bcd/controlplane/join"
 	"github.com/better-compute/bcd/controlplane/lifecycle"
 	"github.com/better-compute/bcd/controlplane/machines"
+	"github.com/better-compute/bcd/controlplane/retention"
 	"github.com/better-compute/bcd/controlplane/rollouts"
 	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/controlplane/store/sealed"
@@ -118,6 +119,13 @@ type Server struct {
 	// metrics on http://MetricsListen/metrics (better_compute_*, go_*,
 	// process_*); "" serves none.
 	MetricsListen string
+	// Retention bounds the agents' events, the machines' timelines and the
+	// boot nonces (serve --events-per-kind, --events-max-age,
+	// --events-max-total); the zero value means store.DefaultRetention.
+	// RetentionInterval is how often the pruner runs; 0 means
+	// retention.DefaultInterval.
+	Retention         store.Retention
+	RetentionInterval time.Duration
 
 	bundle     *pki.Bundle
 	store      store.Store
@@ -134,6 +142,7 @@ type Server struct {
 	lcDone     chan struct{}
 	rc         *rollouts.Controller
 	rcDone     chan struct{}
+	prDone     chan struct{}
 	metrics    *metrics.Server
 }
 
@@ -484,6 +493,17 @@ func (s *Server) Start() (err error) {
 		defer close(s.rcDone)
 		s.rc.Run(lcCtx)
 	}()
+	policy := s.Retention
+	if policy == (store.Retention{}) {
+		policy = store.DefaultRetention()
+	}
+	pruner := &retention.Pruner{Store: s.store, Policy: policy, Interval: s.RetentionInterval,
+		Logger: s.log().With("component", "retention")}
+	s.prDone = make(chan struct{})
+	go func() {
+		defer close(s.prDone)
+		pruner.Run(lcCtx)
+	}()
 	fmt.Fprintf(s.out(), "api listening on %s\n", s.apiURL)
 	fmt.Fprintf(s.out(), "gateway listening on %s\n", s.GatewayAddrURL())
 	if s.metrics != nil {
@@ -497,7 +517,8 @@ func (s *Server) Start() (err error) {
 	s.log().Info("control plane started", "api", s.apiURL, "gateway", s.GatewayAddrURL(), "gateway_url", s.gatewayURL,
 		"gateway_server_name", serverName, "trust_domain", pub.TrustDomain, "downloads", s.DownloadsDir != "",
 		"lifecycle_timeouts", timeouts.WithDefaults().String(), "release_pins", len(s.ReleasePins),
-		"min_protocol_version", max(s.MinProtocolVersion, protocol.MinVersion))
+		"min_protocol_version", max(s.MinProtocolVersion, protocol.MinVersion), "events_per_kind", policy.PerKind,
+		"events_max_age", policy.MaxAge.String(), "events_max_total", policy.MaxTotal)
 	return nil
 }
 
@@ -510,7 +531,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		// is taken up again by the next start.
 		if s.lcStop != nil {
 			s.lcStop()
-			for _, done := range []chan struct{}{s.lcDone, s.rcDone} {
+			for _, done := range []chan struct{}{s.lcDone, s.rcDone, s.prDone} {
 				select {
 				case <-done:
 				case <-ctx.Done():

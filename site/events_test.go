@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -17,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/better-compute/bcd/agent"
+	"github.com/better-compute/bcd/agent/journal"
 	"github.com/better-compute/bcd/boot"
 	"github.com/better-compute/bcd/ipxe"
 	"github.com/better-compute/bcd/protocol"
@@ -456,5 +459,44 @@ func TestEventsFlushSpread(t *testing.T) {
 	}
 	if want := int(10 * time.Second / step); counted != want {
 		t.Errorf("the events count %d serves, want %d", counted, want)
+	}
+}
+
+// TestFullJournalRefusesTheScript: a journal full of statuses takes no boot.nonce
+// (a status never gives way to an event), so the script that would carry the
+// nonce is refused 503 rather than served with one the control plane may never
+// hear of; the statuses stay.
+func TestFullJournalRefusesTheScript(t *testing.T) {
+	j, err := journal.Open(filepath.Join(t.TempDir(), journal.FileName), "n_site", journal.Options{MaxEntries: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { j.Close() })
+	for range 3 {
+		if _, err := j.AppendStatus(protocol.Status{CommandID: "c", State: protocol.StateSucceeded}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv := testBootServers(t, &agent.Session{Journal: j})
+	resp, err := http.Get(srv.URL + "/ipxe/" + macA.String() + ".ipxe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var body strings.Builder
+	_, _ = bufCopy(&body, resp)
+	if resp.StatusCode != 503 || strings.Contains(body.String(), "#!ipxe") {
+		t.Errorf("status %d, body %q; want 503 and no script", resp.StatusCode, body.String())
+	}
+	pending, err := j.Pending()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range pending {
+		if e.Type != journal.TypeStatus {
+			t.Errorf("journal holds a %s (seq %d), want only the three statuses", e.Type, e.Seq)
+		}
+	}
+	if len(pending) != 3 {
+		t.Errorf("journal holds %d entries, want the 3 statuses", len(pending))
 	}
 }

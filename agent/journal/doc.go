@@ -11,7 +11,13 @@
 // oldest event goes first (a site agent's boot.nonce events after every other
 // event, since a machine cannot join with a nonce the control plane never heard
 // of), and only when no event is left the oldest status, since a command's final
-// status is what the control plane waits for.
+// status is what the control plane waits for: a status never gives way to an event,
+// so events appended to a journal that holds only statuses (and boot nonces) are
+// refused with ErrFull (the site agent then answers a script request 503 rather
+// than hand out a nonce the control plane may never hear of). Class
+// indexes (idx_event, idx_nonce, idx_status: every outbox key by what is dropped
+// first) make a drop one key lookup instead of a read of the outbox; a journal
+// written before them is indexed when it opens.
 //
 // A journal that does not open (a torn or foreign file) is moved aside as
 // journal.db.corrupt-<unix time> and a new one starts: the agent must come up, and

@@ -39,9 +39,24 @@ var (
 	bucketMeta   = []byte("meta")
 	bucketOutbox = []byte("outbox")
 	bucketState  = []byte("state")
-	keyNodeID    = []byte("node_id")
-	keyNextSeq   = []byte("next_seq")
+	// The class indexes hold every outbox key (the value empty) by what a full
+	// journal drops first: events, then boot.nonce events, then statuses. A drop
+	// is then the first key of one of them, not a scan that reads and decodes
+	// the outbox from its oldest entry (10,000 statuses read for every event a
+	// full journal took in).
+	bucketIdxEvent  = []byte("idx_event")
+	bucketIdxNonce  = []byte("idx_nonce")
+	bucketIdxStatus = []byte("idx_status")
+	// dropOrder is the order a full journal drops classes in.
+	dropOrder  = [][]byte{bucketIdxEvent, bucketIdxNonce, bucketIdxStatus}
+	keyNodeID  = []byte("node_id")
+	keyNextSeq = []byte("next_seq")
 )
+
+// ErrFull is what appending events returns when none of them could be journaled:
+// the journal holds max_entries statuses (and boot nonces, which a plain event does
+// not displace either), and a status never gives way to an event.
+var ErrFull = errors.New("the journal is full of statuses: the events are not journaled")
 
 // Entry is one unacknowledged status or event.
 type Entry struct {
@@ -184,6 +199,9 @@ func (j *Journal) open(timeout time.Duration) (err error) {
 				return &corruptError{err}
 			}
 		}
+		if err := ensureIndexes(tx); err != nil {
+			return err
+		}
 		meta := tx.Bucket(bucketMeta)
 		switch owner := string(meta.Get(keyNodeID)); owner {
 		case "":
@@ -265,6 +283,46 @@ func Owner(path string) (string, error) {
 	return owner, err
 }
 
+// ensureIndexes builds the class indexes of a journal written before they existed
+// (one scan, at open); a journal that has them is left as it is.
+func ensureIndexes(tx *bolt.Tx) error {
+	if tx.Bucket(bucketIdxEvent) != nil && tx.Bucket(bucketIdxNonce) != nil && tx.Bucket(bucketIdxStatus) != nil {
+		return nil
+	}
+	for _, name := range dropOrder {
+		if tx.Bucket(name) != nil {
+			if err := tx.DeleteBucket(name); err != nil {
+				return &corruptError{err}
+			}
+		}
+		if _, err := tx.CreateBucket(name); err != nil {
+			return &corruptError{err}
+		}
+	}
+	return tx.Bucket(bucketOutbox).ForEach(func(k, v []byte) error {
+		var se storedEntry
+		if len(k) != 8 || json.Unmarshal(v, &se) != nil {
+			// Pending skips it too; as a status it is dropped last.
+			se.Type = TypeStatus
+		}
+		return tx.Bucket(classOf(se.Type, se.Data)).Put(k, nil)
+	})
+}
+
+// classOf is the index an entry of typ with data belongs to.
+func classOf(typ string, data []byte) []byte {
+	if typ != TypeEvent {
+		return bucketIdxStatus
+	}
+	var ev struct {
+		Kind string `json:"kind"`
+	}
+	if json.Unmarshal(data, &ev) == nil && ev.Kind == protocol.EventBootNonce {
+		return bucketIdxNonce
+	}
+	return bucketIdxEvent
+}
+
 func seqKey(seq uint64) []byte { return binary.BigEndian.AppendUint64(nil, seq) }
 
 // AppendStatus stores st under the next sequence number and returns it with Seq set.
@@ -307,13 +365,14 @@ func (j *Journal) append(typ string, n int, encode func(i int, seq uint64) ([]by
 	var e Entry
 	var dropped []uint64
 	var count int64
+	var refused int
 	if n <= 0 {
 		return Entry{}, nil
 	}
 	j.countMu.Lock()
 	defer j.countMu.Unlock()
 	err := j.db.Update(func(tx *bolt.Tx) error {
-		dropped = dropped[:0]
+		dropped, refused = dropped[:0], 0
 		meta := tx.Bucket(bucketMeta)
 		seq := uint64(1)
 		if v := meta.Get(keyNextSeq); len(v) == 8 {
@@ -333,7 +392,15 @@ func (j *Journal) append(typ string, n int, encode func(i int, seq uint64) ([]by
 			if err != nil {
 				return err
 			}
-			if err := out.Put(seqKey(seq+uint64(i)), stored); err != nil {
+			key := seqKey(seq + uint64(i))
+			if err := out.Put(key, stored); err != nil {
+				return err
+			}
+			class := bucketIdxStatus
+			if typ == TypeEvent {
+				class = classOf(typ, data)
+			}
+			if err := tx.Bucket(class).Put(key, nil); err != nil {
 				return err
 			}
 			if i == 0 {
@@ -341,13 +408,19 @@ func (j *Journal) append(typ string, n int, encode func(i int, seq uint64) ([]by
 			}
 			c++
 			for c > int64(j.max) {
-				s, err := dropOldest(out)
+				s, err := dropOldest(tx)
 				if err != nil {
 					return err
+				}
+				if s >= seq {
+					refused++
 				}
 				dropped = append(dropped, s)
 				c--
 			}
+		}
+		if refused == n && typ == TypeEvent {
+			return ErrFull // and the transaction rolls back: nothing changed
 		}
 		count = c
 		return nil
@@ -356,7 +429,12 @@ func (j *Journal) append(typ string, n int, encode func(i int, seq uint64) ([]by
 		return Entry{}, fmt.Errorf("journal: append %s: %w", typ, err)
 	}
 	j.count.Store(count)
-	if len(dropped) > 0 {
+	switch {
+	case refused > 0 && refused == len(dropped):
+		// Nothing older could give way: the journal holds statuses (and
+		// boot nonces) only, and an event never displaces either.
+		j.log.Warn("journal full of statuses: new events not journaled", "max_entries", j.max, "refused", refused)
+	case len(dropped) > 0:
 		j.log.Warn("journal full: dropped the oldest unacknowledged entries", "max_entries", j.max, "dropped_seqs", dropped)
 	}
 	return e, nil
@@ -367,37 +445,24 @@ func (j *Journal) append(typ string, n int, encode func(i int, seq uint64) ([]by
 // boot.nonce goes last among events because a nonce the control plane never
 // hears of leaves the machine that booted with it unable to join (its ramdisk is
 // refused NONCE_UNKNOWN until the lifecycle power-cycles it, minutes later),
-// where a lost machine.booted or log event only thins a timeline.
-func dropOldest(out *bolt.Bucket) (uint64, error) {
-	c := out.Cursor()
-	var first, nonce []byte
-	for k, v := c.First(); k != nil; k, v = c.Next() {
-		if first == nil {
-			first = append([]byte(nil), k...)
-		}
-		var se storedEntry
-		if json.Unmarshal(v, &se) != nil || se.Type != TypeEvent {
+// where a lost machine.booted or log event only thins a timeline. A status, a
+// command's result the control plane waits for, never gives way to an event: an
+// event appended to a journal full of statuses is the one dropped. Each choice is
+// the first key of a class index, so a drop reads nothing of the outbox.
+func dropOldest(tx *bolt.Tx) (uint64, error) {
+	for _, name := range dropOrder {
+		idx := tx.Bucket(name)
+		k, _ := idx.Cursor().First()
+		if k == nil {
 			continue
 		}
-		var ev struct {
-			Kind string `json:"kind"`
+		key := append([]byte(nil), k...)
+		if err := idx.Delete(key); err != nil {
+			return 0, err
 		}
-		if json.Unmarshal(se.Data, &ev) == nil && ev.Kind == protocol.EventBootNonce {
-			if nonce == nil {
-				nonce = append([]byte(nil), k...)
-			}
-			continue
-		}
-		seq := binary.BigEndian.Uint64(k)
-		return seq, c.Delete()
+		return binary.BigEndian.Uint64(key), tx.Bucket(bucketOutbox).Delete(key)
 	}
-	switch {
-	case nonce != nil:
-		return binary.BigEndian.Uint64(nonce), out.Delete(nonce)
-	case first == nil:
-		return 0, errors.New("nothing to drop")
-	}
-	return binary.BigEndian.Uint64(first), out.Delete(first)
+	return 0, errors.New("nothing to drop")
 }
 
 // Pending returns every unacknowledged entry in sequence order.
@@ -438,6 +503,14 @@ func (j *Journal) Ack(seq uint64) (int, error) {
 				return err
 			}
 			n++
+		}
+		for _, name := range dropOrder {
+			c := tx.Bucket(name).Cursor()
+			for k, _ := c.First(); k != nil && binary.BigEndian.Uint64(k) <= seq; k, _ = c.First() {
+				if err := c.Delete(); err != nil {
+					return err
+				}
+			}
 		}
 		return nil
 	})

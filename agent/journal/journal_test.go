@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	bolt "go.etcd.io/bbolt"
+
 	"github.com/better-compute/bcd/protocol"
 )
 
@@ -328,5 +330,144 @@ func TestAppendEventsIsOneBatch(t *testing.T) {
 	}
 	if ev, err := j.AppendEvent(protocol.Event{Kind: protocol.EventLog}); err != nil || ev.Seq != 8 {
 		t.Errorf("next event: seq %d, %v; want 8 (a refused batch takes no sequence numbers)", ev.Seq, err)
+	}
+}
+
+// TestFullJournalKeepsStatuses: statuses, the commands' results, never give way
+// to events. A journal full of statuses (and a boot nonce) refuses a new event
+// with ErrFull and keeps every status; one that also holds events drops those
+// first.
+func TestFullJournalKeepsStatuses(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// before is what is journaled first ("s" a status, "e" an event, "n" a
+		// boot.nonce); then three events are appended one by one and three in
+		// one batch.
+		before string
+		want   []uint64
+		// full: the appends are refused with ErrFull.
+		full bool
+	}{
+		{"statuses only", "sssss", []uint64{1, 2, 3, 4, 5}, true},
+		{"statuses and a nonce", "ssnss", []uint64{1, 2, 3, 4, 5}, true},
+		{"statuses and events", "sesse", []uint64{1, 3, 4, 10, 11}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			j := open(t, filepath.Join(t.TempDir(), FileName), "node_a", Options{MaxEntries: 5})
+			for _, c := range tc.before {
+				var err error
+				switch c {
+				case 's':
+					_, err = j.AppendStatus(protocol.Status{CommandID: "c", State: protocol.StateSucceeded})
+				case 'e':
+					_, err = j.AppendEvent(protocol.Event{Kind: protocol.EventLog})
+				case 'n':
+					_, err = j.AppendEvent(protocol.Event{Kind: protocol.EventBootNonce})
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			check := func(err error) {
+				t.Helper()
+				if tc.full && !errors.Is(err, ErrFull) || !tc.full && err != nil {
+					t.Fatalf("append: %v, want ErrFull %v", err, tc.full)
+				}
+			}
+			for range 3 {
+				_, err := j.AppendEvent(protocol.Event{Kind: protocol.EventMachineBooted})
+				check(err)
+			}
+			batch := []protocol.Event{{Kind: protocol.EventLog}, {Kind: protocol.EventLog}, {Kind: protocol.EventLog}}
+			_, err := j.AppendEvents(batch)
+			check(err)
+			if got := pendingSeqs(t, j); !slices.Equal(got, tc.want) {
+				t.Errorf("pending seqs = %v, want %v", got, tc.want)
+			}
+			if j.Len() != 5 {
+				t.Errorf("Len = %d, want 5", j.Len())
+			}
+		})
+	}
+}
+
+func pendingSeqs(t *testing.T, j *Journal) []uint64 {
+	t.Helper()
+	pending, err := j.Pending()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seqs []uint64
+	for _, e := range pending {
+		seqs = append(seqs, e.Seq)
+	}
+	return seqs
+}
+
+// TestFullJournalDropsWithoutReadingIt: an event taken in by a full journal whose
+// oldest entries are statuses costs no more than one taken in by a journal with
+// room: the drop finds the oldest event by its class index instead of reading and
+// decoding every status before it.
+func TestFullJournalDropsWithoutReadingIt(t *testing.T) {
+	const max = 500
+	full := open(t, filepath.Join(t.TempDir(), FileName), "node_a", Options{MaxEntries: max})
+	roomy := open(t, filepath.Join(t.TempDir(), FileName), "node_a", Options{MaxEntries: 2 * max})
+	for _, j := range []*Journal{full, roomy} {
+		for range max - 1 {
+			if _, err := j.AppendStatus(protocol.Status{CommandID: "c", State: protocol.StateSucceeded}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	ev := protocol.Event{Kind: protocol.EventMachineBooted, Data: json.RawMessage(`{"mac":"52:54:00:00:00:01"}`)}
+	appendEv := func(j *Journal) func() {
+		return func() {
+			if _, err := j.AppendEvent(ev); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	appendEv(full)() // the journal is full from here on: each event drops the previous one
+	dropping := testing.AllocsPerRun(50, appendEv(full))
+	// roomy grows by 51 entries meanwhile: it never drops.
+	growing := testing.AllocsPerRun(50, appendEv(roomy))
+	if full.Len() != max {
+		t.Fatalf("Len = %d, want %d", full.Len(), max)
+	}
+	if dropping > growing+50 {
+		t.Errorf("an append that drops costs %.0f allocations, one that does not %.0f: the drop reads the journal", dropping, growing)
+	}
+}
+
+// TestJournalWithoutIndexesIsIndexedAtOpen: a journal written before the class
+// indexes existed gets them when it opens, and then drops by them.
+func TestJournalWithoutIndexesIsIndexedAtOpen(t *testing.T) {
+	path := filepath.Join(t.TempDir(), FileName)
+	j, err := Open(path, "node_a", Options{MaxEntries: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j.AppendEvent(protocol.Event{Kind: protocol.EventBootNonce})                    // seq 1
+	j.AppendStatus(protocol.Status{CommandID: "c", State: protocol.StateSucceeded}) // seq 2
+	j.AppendEvent(protocol.Event{Kind: protocol.EventLog})                          // seq 3
+	if err := j.db.Update(func(tx *bolt.Tx) error {
+		for _, name := range [][]byte{[]byte("idx_event"), []byte("idx_nonce"), []byte("idx_status")} {
+			if tx.Bucket(name) == nil {
+				continue
+			}
+			if err := tx.DeleteBucket(name); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	j.Close()
+	j = open(t, path, "node_a", Options{MaxEntries: 3})
+	j.AppendStatus(protocol.Status{CommandID: "d", State: protocol.StateSucceeded}) // seq 4: drops the event (3)
+	j.AppendStatus(protocol.Status{CommandID: "e", State: protocol.StateSucceeded}) // seq 5: drops the nonce (1)
+	if got, want := pendingSeqs(t, j), []uint64{2, 4, 5}; !slices.Equal(got, want) {
+		t.Errorf("pending seqs = %v, want %v", got, want)
 	}
 }

@@ -12,13 +12,14 @@ import (
 	"github.com/better-compute/bcd/controlplane/join"
 	"github.com/better-compute/bcd/controlplane/lifecycle"
 	"github.com/better-compute/bcd/controlplane/rollouts"
+	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/internal/cli"
 	"github.com/better-compute/bcd/internal/metrics"
 	"github.com/better-compute/bcd/protocol"
 )
 
 func newServeCmd() *cobra.Command {
-	var s controlplane.Server
+	s := controlplane.Server{Retention: store.DefaultRetention()}
 	var logLevel string
 	cmd := &cobra.Command{
 		Use:   "serve --pki DIR --data DIR",
@@ -48,7 +49,14 @@ at about two thirds of that over POST /v1/renew.
 
 With --metrics-listen HOST:PORT it serves Prometheus metrics on http://HOST:PORT/metrics
 (better_compute_*: sessions, joins, machines by state, deployments, agents' events; go_*
-and process_*). It has no authentication: bind it to the monitoring network.`,
+and process_*). It has no authentication: bind it to the monitoring network.
+
+It bounds what the agents' reports leave in the store, since every script a site's boot
+server serves mints a boot nonce and nothing authenticates who asks: of each node's events
+and each machine's timeline entries of one kind it keeps the first and the latest
+--events-per-kind, nothing older than --events-max-age, and at most --events-max-total rows
+in each of the events, timeline and boot nonce tables (a MAC keeps its 16 newest nonces).
+A pruner applies them at start and every minute, in batches of 1,000 rows.`,
 		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if s.PKIDir == "" || s.DataDir == "" {
@@ -61,6 +69,14 @@ and process_*). It has no authentication: bind it to the monitoring network.`,
 				if err := metrics.CheckAddr(s.MetricsListen); err != nil {
 					return cli.Usagef("serve: --metrics-listen: %w", err)
 				}
+			}
+			switch r := s.Retention; {
+			case r.PerKind < 0:
+				return cli.Usagef("serve: --events-per-kind %d: want 0 (no bound) or more", r.PerKind)
+			case r.MaxAge < 0:
+				return cli.Usagef("serve: --events-max-age %s: want 0 (no bound) or more", r.MaxAge)
+			case r.MaxTotal < 1:
+				return cli.Usagef("serve: --events-max-total %d: want at least 1", r.MaxTotal)
 			}
 			var level slog.Level
 			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
@@ -94,6 +110,9 @@ and process_*). It has no authentication: bind it to the monitoring network.`,
 	f.MarkHidden("min-protocol-version")
 	f.MarkHidden("rollout-interval")
 	f.StringVar(&s.MetricsListen, "metrics-listen", "", "serve Prometheus metrics on http://HOST:PORT/metrics (default: none)")
+	f.IntVar(&s.Retention.PerKind, "events-per-kind", store.DefaultPerKind, "keep the first and the latest N events of each kind per node and per machine timeline (0: no bound)")
+	f.DurationVar(&s.Retention.MaxAge, "events-max-age", store.DefaultMaxAge, "delete events, timeline entries and boot nonces older than this (0: no bound)")
+	f.IntVar(&s.Retention.MaxTotal, "events-max-total", store.DefaultMaxTotal, "at most this many rows in each of the events, timeline and boot nonce tables; the oldest go first")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd
 }

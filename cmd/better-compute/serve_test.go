@@ -143,4 +143,14 @@ func TestServeUsage(t *testing.T) {
 	if code, _, _ := runCLI(t, "", "serve", "extra"); code != 2 {
 		t.Errorf("serve with an argument: exit %d", code)
 	}
+	for _, tc := range []struct{ flag, want string }{
+		{"--events-per-kind=-1", "--events-per-kind -1: want 0 (no bound) or more"},
+		{"--events-max-age=-1h", "--events-max-age -1h0m0s: want 0 (no bound) or more"},
+		{"--events-max-total=0", "--events-max-total 0: want at least 1"},
+	} {
+		code, _, errOut := runCLI(t, "", "serve", "--pki", t.TempDir(), "--data", t.TempDir(), tc.flag)
+		if code != 2 || !strings.Contains(errOut, tc.want) {
+			t.Errorf("serve %s: exit %d, %q; want 2 and %q", tc.flag, code, errOut, tc.want)
+		}
+	}
 }

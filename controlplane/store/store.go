@@ -347,5 +347,6 @@ type Store interface {
 	Releases
 	Daemons
 	Rollouts
+	Pruner
 	Close() error
 }

@@ -88,4 +88,14 @@
 // makes in one transaction (StartDeployment, AdvanceDeployment). The
 // installed OS's join retires the machine's ramdisk node and the node an
 // earlier deployment installed.
+//
+// # Retention
+//
+// Prune (store.Retention, run by controlplane/retention) bounds events,
+// machine_events and boot_nonces, which agents' reports and every script GET of
+// a site's boot server fill: it finds what goes on the read connection and
+// deletes it in transactions of at most a batch of rows, so the write lock is
+// never held for long. A machine's timeline keeps the first entry of each kind
+// and the latest PerKind; a MAC keeps its newest nonces, and those a waiting
+// join holds. The migration after the last numbered one adds its indexes.
 package sqlite

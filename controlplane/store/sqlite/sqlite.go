@@ -24,7 +24,8 @@ const DBFile = "better-compute.db"
 // migrations bring a database from PRAGMA user_version i to i+1; a new
 // database runs them all. Each is append-only: a released migration is
 // never edited.
-var migrations = []string{schemaV1, schemaV2, schemaV3, schemaV4, schemaV5, schemaV6, schemaV7, schemaV8}
+var migrations = []string{schemaV1, schemaV2, schemaV3, schemaV4, schemaV5, schemaV6, schemaV7, schemaV8,
+	schemaRetention}
 
 // schemaVersion is PRAGMA user_version of a database this build has migrated.
 var schemaVersion = len(migrations)
