@@ -523,8 +523,17 @@ func TestHTTPProxyFromSpec(t *testing.T) {
 	s, _, _ := f.start(t, nil)
 	waitFor(t, "the proxy", func() bool { return s.Addrs().Proxy.IsValid() })
 
+	// The proxy listens (Addrs) a moment before the scripts name it.
 	proxyURL := "http://" + proxyAddr
-	_, args := kernelArgs(t, mustScript(t, f, macA))
+	var args map[string]string
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, args = kernelArgs(t, mustScript(t, f, macA))
+		if args[protocol.CmdlineProxy] == proxyURL || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	if args[protocol.CmdlineProxy] != proxyURL {
 		t.Errorf("bcd.proxy = %q, want %q", args[protocol.CmdlineProxy], proxyURL)
 	}
