@@ -74,8 +74,10 @@ type Lab struct {
 	site, simNS      *testbed.Netns
 	serve, siteAgent *testbed.Process
 	pki, tokenFile   string
-	siteConf         string
-	addrs            int
+	// restoreNeigh puts back the host's neighbour-table limits Start raised.
+	restoreNeigh func()
+	siteConf     string
+	addrs        int
 }
 
 func (l *Lab) logf(format string, args ...any) {
@@ -100,6 +102,15 @@ func (l *Lab) Start(ctx context.Context, machines int) (err error) {
 	}
 	if l.InitrdSize == 0 {
 		l.InitrdSize = 2 << 20
+	}
+	// Raised before the namespaces exist: the table is the host's (neighDefault).
+	restore, changed, err := raiseNeighbourLimits(neighDefault, machines)
+	if err != nil {
+		return err
+	}
+	l.restoreNeigh = restore
+	if changed != "" {
+		l.logf("neighbour table for %d machines: %s", machines, changed)
 	}
 	id := os.Getpid() % 100000
 	if l.site, err = testbed.NewNetns(fmt.Sprintf("bcdsimsite%d", id)); err != nil {
@@ -528,6 +539,9 @@ func (l *Lab) Close() {
 		if ns != nil {
 			ns.Close()
 		}
+	}
+	if l.restoreNeigh != nil {
+		l.restoreNeigh()
 	}
 }
 
