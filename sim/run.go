@@ -115,14 +115,20 @@ type Result struct {
 	// TFTP packets sent again.
 	Boots       int `json:"boots"`
 	Retransmits int `json:"retransmits"`
-	// Processes are the watched processes' peak RSS and CPU during the run.
+	// Processes are the watched processes' peak RSS and CPU during the run,
+	// sim's own (SimProcess) among them.
 	Processes map[string]ProcStats `json:"processes,omitempty"`
 	// SimPeakRSS is this process's.
-	SimPeakRSS int64    `json:"sim_peak_rss_bytes"`
-	Faults     []string `json:"faults,omitempty"`
+	SimPeakRSS int64 `json:"sim_peak_rss_bytes"`
+	// Load is the host's load average during the run.
+	Load   Load     `json:"load"`
+	Faults []string `json:"faults,omitempty"`
 	// MachineNames lists the machines played, in order.
 	MachineNames []string `json:"machine_names"`
 }
+
+// SimProcess is sim's own entry in Result.Processes.
+const SimProcess = "sim"
 
 // StageStats are one stage's durations.
 type StageStats struct {
@@ -320,7 +326,13 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	res.Registration = time.Since(t)
 	f.logf("%d machines added in %s", cfg.Machines, res.Registration.Round(time.Millisecond))
 
-	watch := startWatch(cfg.Watch)
+	// sim itself beside the services it measures: on two cores its CPU is
+	// theirs to lose.
+	watched := map[string]func() int{SimProcess: os.Getpid}
+	for n, fn := range cfg.Watch {
+		watched[n] = fn
+	}
+	watch := startWatch(watched)
 	start := time.Now()
 	deployCtx, cancelDeploy := context.WithTimeout(rctx, cfg.Timeout)
 	defer cancelDeploy()
@@ -351,8 +363,13 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	final := f.wait(deployCtx, start)
 	res.Provision = time.Since(start)
 	faultWG.Wait()
-	res.Processes = watch.stop()
+	res.Processes, res.Load = watch.stop()
 	res.SimPeakRSS = selfPeakRSS()
+	if p, ok := res.Processes[SimProcess]; ok {
+		// VmHWM: the true peak, where sampling may miss one.
+		p.PeakRSS = max(p.PeakRSS, res.SimPeakRSS)
+		res.Processes[SimProcess] = p
+	}
 
 	var stageVals = map[string][]time.Duration{}
 	for _, m := range f.machines {
@@ -820,7 +837,13 @@ func (r *Result) String() string {
 		fmt.Fprintf(&b, "%-6s peak RSS %6.1f MiB, CPU %7.1f s (%.0f%% of one core over the run)\n", n,
 			float64(p.PeakRSS)/(1<<20), p.CPU.Seconds(), 100*p.CPU.Seconds()/max(r.Provision.Seconds(), 0.001))
 	}
-	fmt.Fprintf(&b, "sim    peak RSS %6.1f MiB\n", float64(r.SimPeakRSS)/(1<<20))
+	if _, ok := r.Processes[SimProcess]; !ok {
+		fmt.Fprintf(&b, "%-6s peak RSS %6.1f MiB\n", SimProcess, float64(r.SimPeakRSS)/(1<<20))
+	}
+	if l := r.Load; l.CPUs > 0 {
+		fmt.Fprintf(&b, "host   load average: peak %.2f (1 min) during the run, %.2f %.2f %.2f at its end, %d CPUs\n",
+			l.Peak1, l.End[0], l.End[1], l.End[2], l.CPUs)
+	}
 	for _, fl := range r.Faults {
 		fmt.Fprintf(&b, "fault: %s\n", fl)
 	}
