@@ -40,12 +40,12 @@ func TestWatchRecordsSimCPUAndLoad(t *testing.T) {
 	}
 	r := &Result{Provision: time.Second, Processes: procs, Load: load}
 	out := r.String()
-	for _, want := range []string{"sim    peak RSS", "host   load average: peak 3.25 (1 min) during the run, 2.00 1.10 0.60 at its end"} {
+	for _, want := range []string{"sim      peak RSS", "host     load average: peak 3.25 (1 min) during the run, 2.00 1.10 0.60 at its end"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("result lacks %q:\n%s", want, out)
 		}
 	}
-	if strings.Count(out, "sim    peak RSS") != 1 {
+	if strings.Count(out, "sim      peak RSS") != 1 {
 		t.Errorf("sim's line twice:\n%s", out)
 	}
 	if _, err := parseLoadavg([]byte("1.0 2.0\n")); err == nil {

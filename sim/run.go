@@ -77,6 +77,9 @@ type Config struct {
 	OnResult func(*Result)
 	// Log receives progress lines; nil discards them.
 	Log io.Writer
+	// FirmwareCommand runs the firmware child (FirmwareMain); empty means this
+	// executable with FirmwareArgs (bcd sim firmware).
+	FirmwareCommand []string
 }
 
 // Fault is something done to the fleet's services during a run.
@@ -162,13 +165,12 @@ type fleet struct {
 	ctx      context.Context
 	cfg      Config
 	op       *operator
-	bus      *dhcpBus
+	fw       *firmwareProc
 	machines []*machine
 	backoff  agent.Backoff
 	logMu    sync.Mutex
-
-	clientsMu sync.Mutex
-	clients   map[netip.Addr]*http.Client
+	// clients are the ramdisks' (the image download's) HTTP clients.
+	clients *ipClients
 }
 
 func (f *fleet) logf(format string, args ...any) {
@@ -178,21 +180,6 @@ func (f *fleet) logf(format string, args ...any) {
 	f.logMu.Lock()
 	defer f.logMu.Unlock()
 	fmt.Fprintf(f.cfg.Log, "%s sim: %s\n", time.Now().Format("15:04:05.0"), fmt.Sprintf(format, args...))
-}
-
-// httpClient is the machine's HTTP client: its connections come from its address,
-// as the site's boot server sees a machine by IP.
-func (f *fleet) httpClient(ip netip.Addr) *http.Client {
-	f.clientsMu.Lock()
-	defer f.clientsMu.Unlock()
-	if c := f.clients[ip]; c != nil {
-		return c
-	}
-	d := &net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(ip, 0)), Timeout: 10 * time.Second}
-	c := &http.Client{Transport: &http.Transport{DialContext: d.DialContext, MaxIdleConnsPerHost: 2,
-		IdleConnTimeout: 5 * time.Second, ResponseHeaderTimeout: 60 * time.Second}}
-	f.clients[ip] = c
-	return c
 }
 
 func (c *Config) check() error {
@@ -277,16 +264,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	rctx, stopAll := context.WithCancel(ctx)
 	defer stopAll()
-	f := &fleet{ctx: rctx, cfg: cfg, op: op, clients: map[netip.Addr]*http.Client{},
+	f := &fleet{ctx: rctx, cfg: cfg, op: op, clients: newIPClients(),
 		backoff: agent.Backoff{Initial: 500 * time.Millisecond, Max: 10 * time.Second}}
 	if err := os.MkdirAll(cfg.WorkDir, 0o700); err != nil {
 		return nil, fmt.Errorf("bcd sim: %w", err)
 	}
-	if f.bus, err = newDHCPBus(); err != nil {
-		return nil, err
-	}
-	defer f.bus.close()
-
 	img, err := startImage(rctx, cfg.ImageListen, cfg.ImageSize)
 	if err != nil {
 		return nil, err
@@ -296,6 +278,12 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 
 	if err := f.makeMachines(); err != nil {
 		return nil, err
+	}
+	fw, fwErr := startFirmware(rctx, f, cfg.FirmwareCommand)
+	if fwErr == nil {
+		f.fw = fw
+		// Run after the machines' power off below: their boots end first.
+		defer fw.stop()
 	}
 	defer func() {
 		for _, m := range f.machines {
@@ -314,6 +302,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 	}()
 
+	if fwErr != nil {
+		return nil, fwErr
+	}
+
 	res := &Result{Machines: cfg.Machines, Failed: map[string]string{}, Stuck: map[string]string{},
 		Incomplete: map[string]string{}, Stages: map[string]StageStats{}}
 	for _, m := range f.machines {
@@ -328,7 +320,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 
 	// sim itself beside the services it measures: on two cores its CPU is
 	// theirs to lose.
-	watched := map[string]func() int{SimProcess: os.Getpid}
+	watched := map[string]func() int{SimProcess: os.Getpid, FirmwareProcess: f.fw.pid}
 	for n, fn := range cfg.Watch {
 		watched[n] = fn
 	}
@@ -376,7 +368,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		st := final[m.name]
 		m.mu.Lock()
 		res.Boots += m.boots
-		res.Retransmits += m.retrans + m.dhcp.Retransmits
+		res.Retransmits += m.retrans
 		welcomed, stages, lastErr := m.welcomed, maps(m.stages), m.lastErr
 		m.mu.Unlock()
 		switch st.State {
@@ -466,26 +458,13 @@ func (f *fleet) makeMachines() error {
 		if err := os.MkdirAll(m.dir, 0o700); err != nil {
 			return fmt.Errorf("bcd sim: %w", err)
 		}
-		conn, err := listenUDP(netip.AddrPortFrom(m.ip, 68).String())
-		if err != nil {
-			return fmt.Errorf("bcd sim: machine %s's address %s (is it on sim's interface?): %w", m.name, m.ip, err)
-		}
-		m.dhcp = &pxeClient{bus: f.bus, conn: conn, mac: m.mac, ip: m.ip, fw: m.fw,
-			guid: append([]byte{0}, m.uuid[:]...)}
-		go m.dhcp.readDirect()
 		m.chassis = &chassis{act: m.power}
+		var err error
 		if m.bmc, err = startBMC(f.ctx, netip.AddrPortFrom(cfg.BMCAddr, uint16(cfg.BMCPort+i)), m.password, m.uuid, m.chassis); err != nil {
-			conn.Close()
 			return err
 		}
 		f.machines = append(f.machines, m)
 	}
-	go func() {
-		<-f.ctx.Done()
-		for _, m := range f.machines {
-			m.dhcp.conn.Close()
-		}
-	}()
 	return nil
 }
 
@@ -834,14 +813,14 @@ func (r *Result) String() string {
 	sort.Strings(names)
 	for _, n := range names {
 		p := r.Processes[n]
-		fmt.Fprintf(&b, "%-6s peak RSS %6.1f MiB, CPU %7.1f s (%.0f%% of one core over the run)\n", n,
+		fmt.Fprintf(&b, "%-8s peak RSS %6.1f MiB, CPU %7.1f s (%.0f%% of one core over the run)\n", n,
 			float64(p.PeakRSS)/(1<<20), p.CPU.Seconds(), 100*p.CPU.Seconds()/max(r.Provision.Seconds(), 0.001))
 	}
 	if _, ok := r.Processes[SimProcess]; !ok {
-		fmt.Fprintf(&b, "%-6s peak RSS %6.1f MiB\n", SimProcess, float64(r.SimPeakRSS)/(1<<20))
+		fmt.Fprintf(&b, "%-8s peak RSS %6.1f MiB\n", SimProcess, float64(r.SimPeakRSS)/(1<<20))
 	}
 	if l := r.Load; l.CPUs > 0 {
-		fmt.Fprintf(&b, "host   load average: peak %.2f (1 min) during the run, %.2f %.2f %.2f at its end, %d CPUs\n",
+		fmt.Fprintf(&b, "host     load average: peak %.2f (1 min) during the run, %.2f %.2f %.2f at its end, %d CPUs\n",
 			l.Peak1, l.End[0], l.End[1], l.End[2], l.CPUs)
 	}
 	for _, fl := range r.Faults {

@@ -31,6 +31,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/better-compute/bcd/internal/spawn"
 	"github.com/better-compute/bcd/sim"
 	"github.com/better-compute/bcd/testbed"
 )
@@ -377,7 +378,7 @@ func (l *Lab) Run(ctx context.Context, o Options) (*sim.Result, error) {
 	w = io.MultiWriter(w, last)
 	cmd.Stdout, cmd.Stderr = w, w
 	// Killed with the process that runs the lab, like serve and the site agent.
-	if err := testbed.StartKilledWithUs(cmd); err != nil {
+	if err := spawn.StartKilledWithUs(cmd); err != nil {
 		return nil, err
 	}
 	waitDone := make(chan error, 1)
