@@ -193,6 +193,11 @@ func (o *operator) deleteMachine(ctx context.Context, name string) error {
 // running may be the lost attempt's own: it is taken as this call's when the
 // refusal names the machine's current deployment, that deployment is of d, and
 // serve created it after this call began (ownDeployment).
+// cancel stops machine ref's deployment.
+func (o *operator) cancel(ctx context.Context, ref string) error {
+	return o.do(ctx, http.MethodPost, "/machines/"+url.PathEscape(ref)+"/cancel", nil, nil)
+}
+
 func (o *operator) deploy(ctx context.Context, name string, d apiDeploy) error {
 	began := time.Now()
 	lost, err := o.call(ctx, http.MethodPost, "/machines/"+url.PathEscape(name)+"/deploy", d, nil)

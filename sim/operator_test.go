@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -154,5 +155,61 @@ func TestDeployOverAConnectionServeCloses(t *testing.T) {
 				t.Errorf("%d deploy calls reached serve, want %d", deploys, want)
 			}
 		})
+	}
+}
+
+// TestRegisterReplacesABusyLeftover: a machine left by an earlier run that did
+// not settle still has its deployment running, and serve refuses its delete
+// MACHINE_BUSY; registration cancels that deployment, deletes the machine and
+// adds it anew (the faults run after a storm that left machines stuck).
+func TestRegisterReplacesABusyLeftover(t *testing.T) {
+	var mu sync.Mutex
+	exists, busy := true, true
+	var calls []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		calls = append(calls, r.Method+" "+r.URL.Path)
+		switch {
+		case r.Method == http.MethodPost && r.URL.Path == "/api/v1/machines":
+			if exists {
+				w.WriteHeader(http.StatusConflict)
+				w.Write([]byte(`{"code":"ALREADY_EXISTS","message":"MAC 02:bc:51:00:00:00 is machine m_1's"}`))
+				return
+			}
+			exists = true
+			w.WriteHeader(http.StatusCreated)
+			w.Write([]byte(`{}`))
+		case r.Method == http.MethodDelete && strings.HasPrefix(r.URL.Path, "/api/v1/machines/"):
+			switch {
+			case !exists:
+				http.Error(w, `{"code":"NOT_FOUND","message":"no such machine"}`, http.StatusNotFound)
+			case busy:
+				w.WriteHeader(http.StatusConflict)
+				w.Write([]byte(`{"code":"MACHINE_BUSY","message":"machine m_1 is pxe-booting (dep_1): cancel it first (better-compute machines cancel m_1)"}`))
+			default:
+				exists = false
+				w.Write([]byte(`{}`))
+			}
+		case r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/cancel"):
+			busy = false
+			w.Write([]byte(`{}`))
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer srv.Close()
+	o := &operator{base: srv.URL + "/api/v1", hc: &http.Client{Timeout: 5 * time.Second}}
+	f := &fleet{cfg: Config{Site: "simlab", Parallel: 1, BMCAddr: netip.MustParseAddr("10.77.0.3"), BMCPort: 16000}, op: o,
+		machines: []*machine{{name: "faults-00000", mac: net.HardwareAddr{2, 0xbc, 0x51, 0, 0, 0}, fw: FirmwareBIOS, password: "pw"}}}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := f.register(ctx); err != nil {
+		t.Fatalf("register = %v, want the leftover cancelled, deleted and the machine added\ncalls: %v", err, calls)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !exists || busy {
+		t.Errorf("after register: exists %v, busy %v; calls %v", exists, busy, calls)
 	}
 }

@@ -512,7 +512,15 @@ func (f *fleet) register(ctx context.Context) error {
 			// Left by an earlier run, by this name or (another --name) with this
 			// MAC: a machine of a run is new.
 			for _, ref := range []string{m.name, m.mac.String()} {
-				if err := f.op.deleteMachine(ctx, ref); err != nil && !(errors.As(err, &ae) && ae.Status == http.StatusNotFound) {
+				err := f.op.deleteMachine(ctx, ref)
+				if errors.As(err, &ae) && ae.Status == http.StatusConflict && strings.Contains(ae.Body, protocol.CodeMachineBusy) {
+					// An earlier run that did not settle left its deployment
+					// running: stopped first, as the refusal says.
+					if err = f.op.cancel(ctx, ref); err == nil {
+						err = f.op.deleteMachine(ctx, ref)
+					}
+				}
+				if err != nil && !(errors.As(err, &ae) && ae.Status == http.StatusNotFound) {
 					return fmt.Errorf("bcd sim: machine %s exists and does not delete: %w", ref, err)
 				}
 			}
