@@ -101,18 +101,29 @@ type DoctorOptions struct {
 	// IsRoot says whether doctor runs as root, which the helper checks need;
 	// nil means os.Geteuid() == 0.
 	IsRoot func() bool
+	// NeighbourLimitFile is read for the neighbours check; "" means the
+	// kernel's (NeighbourLimitFile).
+	NeighbourLimitFile string
+	// SiteMachines counts the machines a site agent serves from what it saved
+	// in dataDir, and says whether it saved anything (site.ServedMachines;
+	// nodeagent does not link the site agent). Nil: no neighbours check.
+	SiteMachines func(dataDir string) (machines int, saved bool, err error)
 }
 
 // DoctorChecks are bcd doctor's checks for the configuration at path: config,
 // identity, tpm, gateway and update (self-update's slots and records); on a
-// node with [helper] the helper checks (helperChecks) after them; and libvirt
-// where the host has libvirt's qemu.conf.
+// node with [helper] the helper checks (helperChecks) after them; on a site
+// agent ([boot]) neighbours, the kernel's neighbour table beside the machines
+// the site serves; and libvirt where the host has libvirt's qemu.conf.
 func DoctorChecks(path string, o DoctorOptions) []Check {
 	if o.GatewayTimeout <= 0 {
 		o.GatewayTimeout = 5 * time.Second
 	}
 	if o.Now == nil {
 		o.Now = time.Now
+	}
+	if o.NeighbourLimitFile == "" {
+		o.NeighbourLimitFile = NeighbourLimitFile
 	}
 	if o.IsRoot == nil {
 		o.IsRoot = func() bool { return os.Geteuid() == 0 }
@@ -159,6 +170,11 @@ func DoctorChecks(path string, o DoctorOptions) []Check {
 	}
 	if cfgErr == nil && cfg.Helper != nil {
 		checks = append(checks, helperChecks(cfg, path, o.IsRoot())...)
+	}
+	if cfgErr == nil && cfg.Boot != nil && o.SiteMachines != nil {
+		checks = append(checks, CheckFunc("neighbours", func(context.Context) Result {
+			return checkNeighbours(cfg, o.NeighbourLimitFile, o.SiteMachines)
+		}))
 	}
 	if hasLibvirt(hostLibvirtFiles) {
 		checks = append(checks, CheckFunc("libvirt", func(context.Context) Result {

@@ -1,12 +1,16 @@
 // Package sim is bcd sim: a fleet of machines that is not there, played over the
 // real network protocols against a real bcd site and a real better-compute serve.
 //
-// Each simulated machine runs, in one process with the others:
+// Each simulated machine runs, in one process with the others but for its
+// firmware:
 //
-//   - firmware: DHCP DISCOVER (option 60 PXEClient with its arch, 93, 94, 97 GUID)
-//     and the follow-up REQUEST to port 4011, TFTP of the boot file the proxyDHCP
-//     names (blksize, tsize), a second DHCP round as iPXE (user class "iPXE"), the
-//     per-machine iPXE script over HTTP, and its kernel and initrd;
+//   - firmware, in a child process (bcd sim firmware, at sim's nice value − 10, so
+//     that sim's joins, deploys and hashing on two cores do not delay its
+//     retransmit timers; firmware.go): DHCP DISCOVER (option 60 PXEClient with its
+//     arch, 93, 94, 97 GUID) and the follow-up REQUEST to port 4011, TFTP of the
+//     boot file the proxyDHCP names (blksize, tsize), a second DHCP round as iPXE
+//     (user class "iPXE"), the per-machine iPXE script over HTTP, and its kernel
+//     and initrd;
 //   - the ramdisk: the real ramdisk.Agent (the discovery join as role ramdisk with
 //     the nonce from the script's kernel line, the session, inventory, deploy.image,
 //     the hand-over), with only the hardware replaced: claims are made up, the

@@ -3,16 +3,12 @@ package sim
 import (
 	"bufio"
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	mrand "math/rand/v2"
 	"net"
-	"net/http"
 	"net/netip"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -60,7 +56,6 @@ type machine struct {
 	dir      string
 	chassis  *chassis
 	bmc      *simBMC
-	dhcp     *pxeClient
 
 	mu        sync.Mutex
 	cancel    context.CancelFunc
@@ -195,74 +190,27 @@ const maxScriptRetries = 60
 
 var kernelLine = "kernel "
 
-// firmware is PXE ROM then iPXE: it returns the ramdisk's parameters from the
-// kernel command line of the iPXE script, or nil when the script boots the disk.
+// firmware is PXE ROM then iPXE, run in the firmware child (firmware.go): it
+// returns the ramdisk's parameters from the kernel command line of the iPXE
+// script, or nil when the script boots the disk.
 func (m *machine) firmware(ctx context.Context) (*ramdisk.Params, error) {
-	t := time.Now()
-	o, err := m.dhcp.Discover(ctx, false)
+	a, err := m.f.fw.boot(ctx, m.index)
 	if err != nil {
-		return nil, fmt.Errorf("dhcp (PXE ROM): %w", err)
+		return nil, err
 	}
-	dhcp1 := time.Since(t)
-	t = time.Now()
-	file := strings.TrimPrefix(o.file, "/")
-	if !strings.HasPrefix(file, "http://") && !strings.HasPrefix(file, "https://") {
-		// The ROM loads iPXE over TFTP; an iPXE ROM would go to the script at once.
-		_, _, re, err := tftpGet(ctx, m.ip, netip.AddrPortFrom(o.server, 69), file, 1468)
-		m.mu.Lock()
-		m.retrans += re
-		m.mu.Unlock()
-		if err != nil {
-			return nil, fmt.Errorf("tftp %s from %s: %w", file, o.server, err)
-		}
-		m.setStage(StageTFTP, time.Since(t))
-		t = time.Now()
-		if o, err = m.dhcp.Discover(ctx, true); err != nil {
-			return nil, fmt.Errorf("dhcp (iPXE): %w", err)
-		}
+	m.mu.Lock()
+	m.retrans += a.Retransmits
+	for st, d := range a.Stages {
+		m.stages[st] = d
 	}
-	m.setStage(StageDHCP, dhcp1+time.Since(t))
-	scriptURL := o.file
-	if !strings.HasPrefix(scriptURL, "http") {
-		return nil, fmt.Errorf("dhcp (iPXE): the offer names %q, not an iPXE script URL", scriptURL)
+	m.mu.Unlock()
+	switch {
+	case a.Err != "":
+		return nil, errors.New(a.Err)
+	case a.Local:
+		return nil, nil
 	}
-	for try := 0; ; try++ {
-		t = time.Now()
-		script, err := m.f.getText(ctx, m.ip, scriptURL)
-		if err != nil {
-			return nil, fmt.Errorf("iPXE script %s: %w", scriptURL, err)
-		}
-		m.setStage(StageScript, time.Since(t))
-		kernel, args, initrd, retry := parseScript(script)
-		switch {
-		case kernel != "":
-			return m.loadRamdisk(ctx, kernel, args, initrd)
-		case strings.Contains(script, "sanboot"):
-			return nil, nil
-		case retry > 0 && try < maxScriptRetries:
-			if !agent.Sleep(ctx, time.Duration(retry)*time.Second) {
-				return nil, ctx.Err()
-			}
-		default:
-			return nil, fmt.Errorf("iPXE script %s: nothing to boot in %q", scriptURL, firstLines(script))
-		}
-	}
-}
-
-func (m *machine) loadRamdisk(ctx context.Context, kernel, args, initrd string) (*ramdisk.Params, error) {
-	t := time.Now()
-	if _, err := m.f.getDiscard(ctx, m.ip, kernel); err != nil {
-		return nil, fmt.Errorf("kernel %s: %w", kernel, err)
-	}
-	m.setStage(StageKernel, time.Since(t))
-	t = time.Now()
-	if initrd != "" {
-		if _, err := m.f.getDiscard(ctx, m.ip, initrd); err != nil {
-			return nil, fmt.Errorf("initrd %s: %w", initrd, err)
-		}
-	}
-	m.setStage(StageInitrd, time.Since(t))
-	p, err := ramdisk.ParseParams(args, false)
+	p, err := ramdisk.ParseParams(a.Args, false)
 	if err != nil {
 		return nil, fmt.Errorf("the iPXE script's kernel command line: %w", err)
 	}
@@ -333,7 +281,7 @@ func (m *machine) ramdisk(ctx context.Context, p ramdisk.Params) (handed bool, e
 	var cmu sync.Mutex
 	handedCh := make(chan struct{})
 	var once sync.Once
-	disk := &simDisk{Root: filepath.Join(m.dir, "root"), Client: m.f.httpClient(m.ip),
+	disk := &simDisk{Root: filepath.Join(m.dir, "root"), Client: m.f.clients.client(m.ip),
 		handOver: func(string) { once.Do(func() { close(handedCh) }) }}
 	if m.f.cfg.SparseDisks {
 		disk.Disk = filepath.Join(m.dir, "disk.img")
@@ -551,46 +499,4 @@ func (r *recorder) lastError() string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.last
-}
-
-// getText fetches a small document (the iPXE script) from the machine's address.
-func (f *fleet) getText(ctx context.Context, ip netip.Addr, u string) (string, error) {
-	resp, err := f.get(ctx, ip, u)
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	return string(b), err
-}
-
-// getDiscard fetches a file whole, hashing it as firmware checks nothing but
-// reads everything.
-func (f *fleet) getDiscard(ctx context.Context, ip netip.Addr, u string) (int64, error) {
-	resp, err := f.get(ctx, ip, u)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	return io.Copy(sha256.New(), resp.Body)
-}
-
-func (f *fleet) get(ctx context.Context, ip netip.Addr, u string) (*http.Response, error) {
-	if _, err := url.Parse(u); err != nil {
-		return nil, err
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("User-Agent", "iPXE/1.21.1 (bcd sim)")
-	resp, err := f.httpClient(ip).Do(req)
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		resp.Body.Close()
-		return nil, fmt.Errorf("%s", resp.Status)
-	}
-	return resp, nil
 }

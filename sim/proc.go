@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -41,19 +42,57 @@ func procSample(pid int) (rss int64, cpu time.Duration, err error) {
 	return pages * int64(os.Getpagesize()), time.Duration(ut+st) * time.Second / clockTick, nil
 }
 
+// Load is the host's load average over a run: the highest 1-minute figure seen
+// and the three figures at the end. On the 2-core machine every process of a run
+// (serve, bcd site, sim) shares the cores, so a load above 2 says the figures
+// were taken on a saturated host.
+type Load struct {
+	Peak1 float64    `json:"peak_1m"`
+	End   [3]float64 `json:"end"`
+	CPUs  int        `json:"cpus"`
+}
+
+// loadavgFile is the kernel's load average.
+const loadavgFile = "/proc/loadavg"
+
+// parseLoadavg reads /proc/loadavg's first three fields.
+func parseLoadavg(b []byte) ([3]float64, error) {
+	var l [3]float64
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return l, fmt.Errorf("%s: %d fields, want at least 3", loadavgFile, len(f))
+	}
+	for i := range l {
+		v, err := strconv.ParseFloat(f[i], 64)
+		if err != nil {
+			return l, fmt.Errorf("%s: field %d %q: %w", loadavgFile, i+1, f[i], err)
+		}
+		l[i] = v
+	}
+	return l, nil
+}
+
 // watcher samples processes every 200 ms: peak RSS (sampled, beside VmHWM which
-// the kernel keeps for the process's whole life) and CPU used since it started.
+// the kernel keeps for the process's whole life) and CPU used since it started;
+// and the host's load average.
 type watcher struct {
-	fns   map[string]func() int
-	mu    sync.Mutex
-	stats map[string]*ProcStats
-	start map[string]time.Duration
-	done  chan struct{}
-	wg    sync.WaitGroup
+	fns     map[string]func() int
+	loadavg string // loadavgFile; a test's file
+	mu      sync.Mutex
+	stats   map[string]*ProcStats
+	start   map[string]time.Duration
+	load    Load
+	done    chan struct{}
+	wg      sync.WaitGroup
 }
 
 func startWatch(pids map[string]func() int) *watcher {
-	w := &watcher{fns: pids, stats: map[string]*ProcStats{}, start: map[string]time.Duration{}, done: make(chan struct{})}
+	return startWatchLoad(pids, loadavgFile)
+}
+
+func startWatchLoad(pids map[string]func() int, loadavg string) *watcher {
+	w := &watcher{fns: pids, loadavg: loadavg, stats: map[string]*ProcStats{}, start: map[string]time.Duration{}, done: make(chan struct{}),
+		load: Load{CPUs: runtime.NumCPU()}}
 	for name, fn := range pids {
 		pid := fn()
 		if pid <= 0 {
@@ -86,6 +125,12 @@ func startWatch(pids map[string]func() int) *watcher {
 func (w *watcher) sample() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if b, err := os.ReadFile(w.loadavg); err == nil {
+		if l, err := parseLoadavg(b); err == nil {
+			w.load.Peak1 = max(w.load.Peak1, l[0])
+			w.load.End = l
+		}
+	}
 	for name, s := range w.stats {
 		if pid := w.fns[name](); pid > 0 && pid != s.PID {
 			w.rebaseLocked(name, pid)
@@ -114,15 +159,15 @@ func (w *watcher) rebaseLocked(name string, pid int) {
 	w.start[name] = cpu - s.CPU
 }
 
-func (w *watcher) stop() map[string]ProcStats {
-	w.sample()
+func (w *watcher) stop() (map[string]ProcStats, Load) {
 	close(w.done)
 	w.wg.Wait()
+	w.sample()
 	out := map[string]ProcStats{}
 	for n, s := range w.stats {
 		out[n] = *s
 	}
-	return out
+	return out, w.load
 }
 
 // selfPeakRSS is this process's VmHWM.

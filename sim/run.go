@@ -77,6 +77,9 @@ type Config struct {
 	OnResult func(*Result)
 	// Log receives progress lines; nil discards them.
 	Log io.Writer
+	// FirmwareCommand runs the firmware child (FirmwareMain); empty means this
+	// executable with FirmwareArgs (bcd sim firmware).
+	FirmwareCommand []string
 }
 
 // Fault is something done to the fleet's services during a run.
@@ -115,14 +118,20 @@ type Result struct {
 	// TFTP packets sent again.
 	Boots       int `json:"boots"`
 	Retransmits int `json:"retransmits"`
-	// Processes are the watched processes' peak RSS and CPU during the run.
+	// Processes are the watched processes' peak RSS and CPU during the run,
+	// sim's own (SimProcess) among them.
 	Processes map[string]ProcStats `json:"processes,omitempty"`
 	// SimPeakRSS is this process's.
-	SimPeakRSS int64    `json:"sim_peak_rss_bytes"`
-	Faults     []string `json:"faults,omitempty"`
+	SimPeakRSS int64 `json:"sim_peak_rss_bytes"`
+	// Load is the host's load average during the run.
+	Load   Load     `json:"load"`
+	Faults []string `json:"faults,omitempty"`
 	// MachineNames lists the machines played, in order.
 	MachineNames []string `json:"machine_names"`
 }
+
+// SimProcess is sim's own entry in Result.Processes.
+const SimProcess = "sim"
 
 // StageStats are one stage's durations.
 type StageStats struct {
@@ -156,13 +165,12 @@ type fleet struct {
 	ctx      context.Context
 	cfg      Config
 	op       *operator
-	bus      *dhcpBus
+	fw       *firmwareProc
 	machines []*machine
 	backoff  agent.Backoff
 	logMu    sync.Mutex
-
-	clientsMu sync.Mutex
-	clients   map[netip.Addr]*http.Client
+	// clients are the ramdisks' (the image download's) HTTP clients.
+	clients *ipClients
 }
 
 func (f *fleet) logf(format string, args ...any) {
@@ -172,21 +180,6 @@ func (f *fleet) logf(format string, args ...any) {
 	f.logMu.Lock()
 	defer f.logMu.Unlock()
 	fmt.Fprintf(f.cfg.Log, "%s sim: %s\n", time.Now().Format("15:04:05.0"), fmt.Sprintf(format, args...))
-}
-
-// httpClient is the machine's HTTP client: its connections come from its address,
-// as the site's boot server sees a machine by IP.
-func (f *fleet) httpClient(ip netip.Addr) *http.Client {
-	f.clientsMu.Lock()
-	defer f.clientsMu.Unlock()
-	if c := f.clients[ip]; c != nil {
-		return c
-	}
-	d := &net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(ip, 0)), Timeout: 10 * time.Second}
-	c := &http.Client{Transport: &http.Transport{DialContext: d.DialContext, MaxIdleConnsPerHost: 2,
-		IdleConnTimeout: 5 * time.Second, ResponseHeaderTimeout: 60 * time.Second}}
-	f.clients[ip] = c
-	return c
 }
 
 func (c *Config) check() error {
@@ -271,16 +264,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	rctx, stopAll := context.WithCancel(ctx)
 	defer stopAll()
-	f := &fleet{ctx: rctx, cfg: cfg, op: op, clients: map[netip.Addr]*http.Client{},
+	f := &fleet{ctx: rctx, cfg: cfg, op: op, clients: newIPClients(),
 		backoff: agent.Backoff{Initial: 500 * time.Millisecond, Max: 10 * time.Second}}
 	if err := os.MkdirAll(cfg.WorkDir, 0o700); err != nil {
 		return nil, fmt.Errorf("bcd sim: %w", err)
 	}
-	if f.bus, err = newDHCPBus(); err != nil {
-		return nil, err
-	}
-	defer f.bus.close()
-
 	img, err := startImage(rctx, cfg.ImageListen, cfg.ImageSize)
 	if err != nil {
 		return nil, err
@@ -290,6 +278,12 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 
 	if err := f.makeMachines(); err != nil {
 		return nil, err
+	}
+	fw, fwErr := startFirmware(rctx, f, cfg.FirmwareCommand)
+	if fwErr == nil {
+		f.fw = fw
+		// Run after the machines' power off below: their boots end first.
+		defer fw.stop()
 	}
 	defer func() {
 		for _, m := range f.machines {
@@ -308,6 +302,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 	}()
 
+	if fwErr != nil {
+		return nil, fwErr
+	}
+
 	res := &Result{Machines: cfg.Machines, Failed: map[string]string{}, Stuck: map[string]string{},
 		Incomplete: map[string]string{}, Stages: map[string]StageStats{}}
 	for _, m := range f.machines {
@@ -320,7 +318,13 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	res.Registration = time.Since(t)
 	f.logf("%d machines added in %s", cfg.Machines, res.Registration.Round(time.Millisecond))
 
-	watch := startWatch(cfg.Watch)
+	// sim itself beside the services it measures: on two cores its CPU is
+	// theirs to lose.
+	watched := map[string]func() int{SimProcess: os.Getpid, FirmwareProcess: f.fw.pid}
+	for n, fn := range cfg.Watch {
+		watched[n] = fn
+	}
+	watch := startWatch(watched)
 	start := time.Now()
 	deployCtx, cancelDeploy := context.WithTimeout(rctx, cfg.Timeout)
 	defer cancelDeploy()
@@ -351,15 +355,20 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	final := f.wait(deployCtx, start)
 	res.Provision = time.Since(start)
 	faultWG.Wait()
-	res.Processes = watch.stop()
+	res.Processes, res.Load = watch.stop()
 	res.SimPeakRSS = selfPeakRSS()
+	if p, ok := res.Processes[SimProcess]; ok {
+		// VmHWM: the true peak, where sampling may miss one.
+		p.PeakRSS = max(p.PeakRSS, res.SimPeakRSS)
+		res.Processes[SimProcess] = p
+	}
 
 	var stageVals = map[string][]time.Duration{}
 	for _, m := range f.machines {
 		st := final[m.name]
 		m.mu.Lock()
 		res.Boots += m.boots
-		res.Retransmits += m.retrans + m.dhcp.Retransmits
+		res.Retransmits += m.retrans
 		welcomed, stages, lastErr := m.welcomed, maps(m.stages), m.lastErr
 		m.mu.Unlock()
 		switch st.State {
@@ -449,26 +458,13 @@ func (f *fleet) makeMachines() error {
 		if err := os.MkdirAll(m.dir, 0o700); err != nil {
 			return fmt.Errorf("bcd sim: %w", err)
 		}
-		conn, err := listenUDP(netip.AddrPortFrom(m.ip, 68).String())
-		if err != nil {
-			return fmt.Errorf("bcd sim: machine %s's address %s (is it on sim's interface?): %w", m.name, m.ip, err)
-		}
-		m.dhcp = &pxeClient{bus: f.bus, conn: conn, mac: m.mac, ip: m.ip, fw: m.fw,
-			guid: append([]byte{0}, m.uuid[:]...)}
-		go m.dhcp.readDirect()
 		m.chassis = &chassis{act: m.power}
+		var err error
 		if m.bmc, err = startBMC(f.ctx, netip.AddrPortFrom(cfg.BMCAddr, uint16(cfg.BMCPort+i)), m.password, m.uuid, m.chassis); err != nil {
-			conn.Close()
 			return err
 		}
 		f.machines = append(f.machines, m)
 	}
-	go func() {
-		<-f.ctx.Done()
-		for _, m := range f.machines {
-			m.dhcp.conn.Close()
-		}
-	}()
 	return nil
 }
 
@@ -516,7 +512,15 @@ func (f *fleet) register(ctx context.Context) error {
 			// Left by an earlier run, by this name or (another --name) with this
 			// MAC: a machine of a run is new.
 			for _, ref := range []string{m.name, m.mac.String()} {
-				if err := f.op.deleteMachine(ctx, ref); err != nil && !(errors.As(err, &ae) && ae.Status == http.StatusNotFound) {
+				err := f.op.deleteMachine(ctx, ref)
+				if errors.As(err, &ae) && ae.Status == http.StatusConflict && strings.Contains(ae.Body, protocol.CodeMachineBusy) {
+					// An earlier run that did not settle left its deployment
+					// running: stopped first, as the refusal says.
+					if err = f.op.cancel(ctx, ref); err == nil {
+						err = f.op.deleteMachine(ctx, ref)
+					}
+				}
+				if err != nil && !(errors.As(err, &ae) && ae.Status == http.StatusNotFound) {
 					return fmt.Errorf("bcd sim: machine %s exists and does not delete: %w", ref, err)
 				}
 			}
@@ -817,10 +821,16 @@ func (r *Result) String() string {
 	sort.Strings(names)
 	for _, n := range names {
 		p := r.Processes[n]
-		fmt.Fprintf(&b, "%-6s peak RSS %6.1f MiB, CPU %7.1f s (%.0f%% of one core over the run)\n", n,
+		fmt.Fprintf(&b, "%-8s peak RSS %6.1f MiB, CPU %7.1f s (%.0f%% of one core over the run)\n", n,
 			float64(p.PeakRSS)/(1<<20), p.CPU.Seconds(), 100*p.CPU.Seconds()/max(r.Provision.Seconds(), 0.001))
 	}
-	fmt.Fprintf(&b, "sim    peak RSS %6.1f MiB\n", float64(r.SimPeakRSS)/(1<<20))
+	if _, ok := r.Processes[SimProcess]; !ok {
+		fmt.Fprintf(&b, "%-8s peak RSS %6.1f MiB\n", SimProcess, float64(r.SimPeakRSS)/(1<<20))
+	}
+	if l := r.Load; l.CPUs > 0 {
+		fmt.Fprintf(&b, "host     load average: peak %.2f (1 min) during the run, %.2f %.2f %.2f at its end, %d CPUs\n",
+			l.Peak1, l.End[0], l.End[1], l.End[2], l.CPUs)
+	}
 	for _, fl := range r.Faults {
 		fmt.Fprintf(&b, "fault: %s\n", fl)
 	}

@@ -69,6 +69,25 @@ func LoadSpec(dataDir string) (*protocol.Spec, error) {
 	return &s.Spec, nil
 }
 
+// ServedMachines counts the machines the site serves by the spec it saved in
+// dataDir (the boot table's entries, one a MAC), and says whether it saved one:
+// bcd doctor's neighbours check.
+func ServedMachines(dataDir string) (machines int, saved bool, err error) {
+	spec, err := LoadSpec(dataDir)
+	if err != nil || spec == nil {
+		return 0, false, err
+	}
+	raw, ok := spec.Sections[protocol.SectionBoot]
+	if !ok {
+		return 0, true, nil
+	}
+	var boot protocol.BootSection
+	if err := json.Unmarshal(raw, &boot); err != nil {
+		return 0, true, fmt.Errorf("saved spec: the boot section of %s does not parse: %w", filepath.Join(dataDir, SpecFile), err)
+	}
+	return len(boot.Entries), true, nil
+}
+
 // saveSpec writes spec (without bmc_hosts) to <dataDir>/site-spec.json, 0600 and
 // atomically, unless the file already holds the same spec.
 func saveSpec(dataDir string, spec protocol.Spec, now time.Time) error {

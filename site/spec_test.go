@@ -118,3 +118,26 @@ func FuzzParseSections(f *testing.F) {
 		_, _ = parseProxySection(raw)
 	})
 }
+
+// TestServedMachines: bcd doctor's count of the machines a site serves is the boot
+// entries of the spec it saved; none saved says so, and a broken one is an error.
+func TestServedMachines(t *testing.T) {
+	dir := t.TempDir()
+	if n, saved, err := ServedMachines(dir); n != 0 || saved || err != nil {
+		t.Errorf("no saved spec: %d, %v, %v; want 0, false, nil", n, saved, err)
+	}
+	boot, _ := json.Marshal(protocol.BootSection{Entries: []protocol.BootEntry{{MAC: "02:00:00:00:00:01", Mode: protocol.BootRamdisk},
+		{MAC: "02:00:00:00:00:02", Mode: protocol.BootLocal}, {MAC: "02:00:00:00:00:03", Mode: protocol.BootRamdisk}}})
+	if err := saveSpec(dir, protocol.Spec{Revision: 2, Sections: map[string]json.RawMessage{protocol.SectionBoot: boot}}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if n, saved, err := ServedMachines(dir); n != 3 || !saved || err != nil {
+		t.Errorf("3 boot entries: %d, %v, %v; want 3, true, nil", n, saved, err)
+	}
+	if err := saveSpec(dir, protocol.Spec{Revision: 3, Sections: map[string]json.RawMessage{protocol.SectionBoot: json.RawMessage(`{"entries":7}`)}}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := ServedMachines(dir); err == nil || !strings.Contains(err.Error(), "the boot section of") {
+		t.Errorf("a broken boot section: %v, want an error naming it", err)
+	}
+}

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"github.com/better-compute/bcd/internal/spawn"
 )
 
 // Process is a service the lab started (dnsmasq, bcd site, better-compute serve),
@@ -21,7 +23,7 @@ type Process struct {
 
 // StartProcess starts cmd with its stdout and stderr in logPath, in a session of
 // its own and killed (SIGKILL) when the process that started it dies, so a
-// test or benchmark that is killed leaves no service behind (StartKilledWithUs).
+// test or benchmark that is killed leaves no service behind (spawn.StartKilledWithUs).
 // (ip netns exec and nsenter exec the command without forking: it keeps the death
 // signal.)
 func StartProcess(name string, cmd *exec.Cmd, logPath string) (*Process, error) {
@@ -36,7 +38,7 @@ func StartProcess(name string, cmd *exec.Cmd, logPath string) (*Process, error) 
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	}
-	if err := StartKilledWithUs(cmd); err != nil {
+	if err := spawn.StartKilledWithUs(cmd); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("testbed: start %s: %w", name, err)
 	}

@@ -6,6 +6,7 @@ import (
 	"github.com/better-compute/bcd/config"
 	"github.com/better-compute/bcd/internal/cli"
 	"github.com/better-compute/bcd/nodeagent"
+	"github.com/better-compute/bcd/site"
 )
 
 func newDoctorCmd() *cobra.Command {
@@ -15,7 +16,7 @@ func newDoctorCmd() *cobra.Command {
 		Short: "Check config.toml, the identity, the TPM, the gateway and self-update; print one line per check, exit 1 if any fails",
 		Args:  cli.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			checks := nodeagent.DoctorChecks(path, nodeagent.DoctorOptions{ParseOptions: configOptions()})
+			checks := nodeagent.DoctorChecks(path, nodeagent.DoctorOptions{ParseOptions: configOptions(), SiteMachines: site.ServedMachines})
 			if nodeagent.RunChecks(cmd.Context(), cmd.OutOrStdout(), checks) {
 				return cli.ExitSilently(1)
 			}

@@ -130,5 +130,25 @@ reported unsupported).`,
 	f.StringArrayVar(&watch, "watch", nil, "NAME=PIDFILE: report the process's peak RSS and CPU (repeatable; serve, site)")
 	f.StringVar(&jsonOut, "json", "", "also write the result as JSON here")
 	f.BoolVar(&c.Keep, "keep", false, "after the result, keep the node sessions up until interrupted")
+	cmd.AddCommand(newSimFirmwareCmd())
 	return cmd
+}
+
+// newSimFirmwareCmd is bcd sim firmware, the child bcd sim starts to run its
+// machines' firmware (sim.FirmwareMain): JSON lines on stdin and stdout, not for
+// people.
+func newSimFirmwareCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:    "firmware",
+		Short:  "bcd sim's firmware child (DHCP, TFTP and HTTP of its machines); bcd sim starts it",
+		Hidden: true,
+		Args:   cli.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			// A ^C reaches the whole process group: sim stops the run and
+			// then closes our stdin, which ends us; sim's death kills us
+			// (PR_SET_PDEATHSIG).
+			signal.Ignore(os.Interrupt, syscall.SIGTERM)
+			return sim.FirmwareMain(cmd.Context(), cmd.InOrStdin(), cmd.OutOrStdout())
+		},
+	}
 }

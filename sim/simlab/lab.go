@@ -31,6 +31,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/better-compute/bcd/internal/spawn"
 	"github.com/better-compute/bcd/sim"
 	"github.com/better-compute/bcd/testbed"
 )
@@ -74,8 +75,10 @@ type Lab struct {
 	site, simNS      *testbed.Netns
 	serve, siteAgent *testbed.Process
 	pki, tokenFile   string
-	siteConf         string
-	addrs            int
+	// restoreNeigh puts back the host's neighbour-table limits Start raised.
+	restoreNeigh func()
+	siteConf     string
+	addrs        int
 }
 
 func (l *Lab) logf(format string, args ...any) {
@@ -100,6 +103,15 @@ func (l *Lab) Start(ctx context.Context, machines int) (err error) {
 	}
 	if l.InitrdSize == 0 {
 		l.InitrdSize = 2 << 20
+	}
+	// Raised before the namespaces exist: the table is the host's (neighDefault).
+	restore, changed, err := raiseNeighbourLimits(neighDefault, machines)
+	if err != nil {
+		return err
+	}
+	l.restoreNeigh = restore
+	if changed != "" {
+		l.logf("neighbour table for %d machines: %s", machines, changed)
 	}
 	id := os.Getpid() % 100000
 	if l.site, err = testbed.NewNetns(fmt.Sprintf("bcdsimsite%d", id)); err != nil {
@@ -366,7 +378,7 @@ func (l *Lab) Run(ctx context.Context, o Options) (*sim.Result, error) {
 	w = io.MultiWriter(w, last)
 	cmd.Stdout, cmd.Stderr = w, w
 	// Killed with the process that runs the lab, like serve and the site agent.
-	if err := testbed.StartKilledWithUs(cmd); err != nil {
+	if err := spawn.StartKilledWithUs(cmd); err != nil {
 		return nil, err
 	}
 	waitDone := make(chan error, 1)
@@ -528,6 +540,9 @@ func (l *Lab) Close() {
 		if ns != nil {
 			ns.Close()
 		}
+	}
+	if l.restoreNeigh != nil {
+		l.restoreNeigh()
 	}
 }
 
