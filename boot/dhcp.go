@@ -146,6 +146,13 @@ type ProxyDHCP struct {
 	// (recvmmsg) and sends in one write (sendmmsg); a read takes what is queued and
 	// never waits for more. 0 means 16; 1 reads and writes one datagram a syscall.
 	Batch int
+	// ThreadNice, when not 0, gives each reader its own thread at this nice
+	// value (negative: ahead of the rest), which waits for its socket itself.
+	// In a storm the answer then does not wait behind the site agent's other
+	// work (events, its session, serve on the same machine) for a time slice.
+	// Setting a negative value needs CAP_SYS_NICE; without it the readers run
+	// at the process's priority and the failure is logged once.
+	ThreadNice int
 
 	stats dhcpCounters
 
@@ -163,6 +170,7 @@ type ProxyDHCP struct {
 	base                                                     string // URL without a trailing slash
 	log                                                      *slog.Logger
 	warned                                                   atomic.Bool
+	niceWarned                                               atomic.Bool
 }
 
 // Stats returns the counters so far. Each is exact; read while packets arrive, they
@@ -313,16 +321,30 @@ func (s *ProxyDHCP) Serve(ctx context.Context) error {
 	if batch <= 0 {
 		batch = dhcpBatch
 	}
+	stop := -1
+	if s.ThreadNice != 0 {
+		fd, err := newStopFD()
+		if err != nil {
+			return fmt.Errorf("proxyDHCP: %w", err)
+		}
+		stop = fd
+		defer closeStopFD(stop)
+	}
 	for range workers {
 		if batch == 1 {
 			wg.Go(func() { s.loop(dc, false) })
 			wg.Go(func() { s.loop(pc, true) })
 			continue
 		}
-		wg.Go(func() { s.batchLoop(dc, false, batch) })
-		wg.Go(func() { s.batchLoop(pc, true, batch) })
+		wg.Go(func() { s.batchLoop(dc, false, batch, stop) })
+		wg.Go(func() { s.batchLoop(pc, true, batch, stop) })
 	}
 	<-ctx.Done()
+	if stop >= 0 {
+		// Before the sockets close: a reader waiting in ppoll on a descriptor
+		// number that close frees must leave before the number is reused.
+		signalStop(stop)
+	}
 	dc.Close()
 	pc.Close()
 	wg.Wait()

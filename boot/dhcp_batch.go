@@ -19,8 +19,21 @@ const dhcpBatch = 16
 // batchLoop is loop with recvmmsg/sendmmsg (one datagram a call where the system
 // has none): it reads up to batch datagrams, answers each in order, and sends the
 // answers together.
-func (s *ProxyDHCP) batchLoop(c *net.UDPConn, pxePort bool, batch int) {
+func (s *ProxyDHCP) batchLoop(c *net.UDPConn, pxePort bool, batch int, stop int) {
 	pc := ipv4.NewPacketConn(c)
+	var ready *readyWaiter
+	if stop >= 0 {
+		restore, err := pinAndRaise(s.ThreadNice)
+		defer restore()
+		if err != nil && !s.niceWarned.Swap(true) {
+			s.log.Warn("proxyDHCP: readers run at the process's priority", "err", err)
+		}
+		w, err := newReadyWaiter(c, stop)
+		if err != nil {
+			s.log.Warn("proxyDHCP: readers wait in the network poller", "err", err)
+		}
+		ready = w
+	}
 	in := make([]ipv4.Message, batch)
 	// Room for any datagram, so that an oversized one is seen whole and rejected
 	// rather than parsed truncated. The pages the kernel never writes into are
@@ -40,6 +53,9 @@ func (s *ProxyDHCP) batchLoop(c *net.UDPConn, pxePort bool, batch int) {
 		out[i].OOB = s.oob
 	}
 	for {
+		if ready != nil && !ready.wait() {
+			return
+		}
 		n, err := pc.ReadBatch(in, 0)
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {

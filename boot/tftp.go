@@ -99,6 +99,12 @@ type TFTPServer struct {
 	// TransferTimeout bounds a transfer's whole life ([boot]
 	// tftp_transfer_timeout); 0 means DefaultTFTPTransferTimeout.
 	TransferTimeout time.Duration
+	// ThreadNice, when not 0, runs each poller on its own thread at this nice
+	// value (negative: ahead of the rest of the process and the machine), as
+	// ProxyDHCP.ThreadNice does for its readers. Without CAP_SYS_NICE a
+	// negative value is refused and the pollers run at the process's priority
+	// (logged once).
+	ThreadNice int
 	// Timeout is how long the server waits for an acknowledgement before sending a
 	// block again, unless the client negotiates its own (RFC 2349); 0 means 1 s.
 	Timeout time.Duration
@@ -119,8 +125,9 @@ type TFTPServer struct {
 	// cacheLimit overrides maxTFTPCache (tests); 0 means maxTFTPCache.
 	cacheLimit int64
 
-	stats  tftpCounters
-	active atomic.Int64 // transfers running
+	stats      tftpCounters
+	active     atomic.Int64 // transfers running
+	niceWarned atomic.Bool
 
 	mu    sync.Mutex
 	conn  *net.UDPConn

@@ -293,6 +293,13 @@ func (p *tftpPoller) wake() {
 }
 
 func (p *tftpPoller) run() {
+	if p.s.ThreadNice != 0 {
+		restore, err := pinAndRaise(p.s.ThreadNice)
+		defer restore()
+		if err != nil && !p.s.niceWarned.Swap(true) {
+			p.s.log.Warn("TFTP: transfers run at the process's priority", "err", err)
+		}
+	}
 	defer unix.Close(p.epfd)
 	defer unix.Close(p.evfd)
 	events := make([]unix.EpollEvent, 128)

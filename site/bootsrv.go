@@ -147,7 +147,8 @@ func (s *Site) openBoot() (_ *bootServers, err error) {
 
 	if b.TFTP != "" {
 		bs.tftp = &boot.TFTPServer{Addr: b.TFTP, Root: b.TFTPRoot, Observer: s.events, Logger: s.log,
-			MaxTransfers: int(b.TFTPMaxTransfers), TransferTimeout: time.Duration(b.TFTPTransferTimeout) * time.Second}
+			MaxTransfers: int(b.TFTPMaxTransfers), TransferTimeout: time.Duration(b.TFTPTransferTimeout) * time.Second,
+			ThreadNice: packetThreadNice}
 		if err := bs.tftp.Listen(); err != nil {
 			bs.tftp = nil
 			return nil, err
@@ -176,6 +177,7 @@ func (s *Site) openBoot() (_ *bootServers, err error) {
 			Addr:          s.DHCPAddr,
 			PXEAddr:       s.PXEAddr,
 			BroadcastAddr: s.DHCPBroadcast,
+			ThreadNice:    packetThreadNice,
 		}
 		if err := bs.dhcp.Listen(); err != nil {
 			bs.dhcp = nil
@@ -191,6 +193,11 @@ func (s *Site) openBoot() (_ *bootServers, err error) {
 
 // setProxy puts bcd.proxy=proxyURL on every ramdisk script from now on ("" for
 // none).
+// packetThreadNice is the nice value of the threads that answer DHCP and run
+// TFTP transfers: in a storm an answer should not wait for a time slice behind
+// the site agent's events, its session or a serve on the same machine.
+const packetThreadNice = -10
+
 func (bs *bootServers) setProxy(proxyURL string) {
 	cur := bs.base.Load()
 	if cur.Params.Proxy == proxyURL {
