@@ -2,6 +2,7 @@ package site
 
 import (
 	"context"
+	"crypto"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -101,7 +102,10 @@ func (s *Site) openBoot() (_ *bootServers, err error) {
 		return nil, invalid("[boot]: the ramdisk command line cannot be built from config.toml: %v", err)
 	}
 	bs := &bootServers{log: s.log, events: s.events, params: params,
-		witness: newWitness(s.log, s.events, b.TrustAnyNeighbor, s.now, func() *agent.Identity { return s.renewer.Current() })}
+		witness: newWitness(s.log, s.events, b.TrustAnyNeighbor, s.now, func() (string, crypto.Signer) {
+			id := s.renewer.Current()
+			return id.NodeID, id.Key()
+		})}
 	kernel, initrd := b.Kernel, b.Initrd
 	base := strings.TrimSuffix(b.URL, "/")
 	if kernel == "" && b.RamdiskDir != "" {

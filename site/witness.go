@@ -18,7 +18,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/better-compute/bcd/agent"
 	"github.com/better-compute/bcd/boot"
 	"github.com/better-compute/bcd/internal/lograte"
 	"github.com/better-compute/bcd/protocol"
@@ -69,7 +68,8 @@ type witness struct {
 	// trustAny skips the neighbour check ([boot] trust_any_neighbor).
 	trustAny bool
 	now      func() time.Time
-	identity func() *agent.Identity
+	// signer is the site's node id and key now (after renewals).
+	signer func() (string, crypto.Signer)
 
 	refused, limited, witnessed atomic.Uint64
 	logLimit                    lograte.Limiter
@@ -98,9 +98,9 @@ type refusedBurst struct {
 	pending int
 }
 
-func newWitness(log *slog.Logger, events *reporter, trustAny bool, now func() time.Time, identity func() *agent.Identity) *witness {
+func newWitness(log *slog.Logger, events *reporter, trustAny bool, now func() time.Time, signer func() (string, crypto.Signer)) *witness {
 	return &witness{log: log, events: events, lookup: neighborEntry, ifaceOf: interfaceWith, trustAny: trustAny,
-		now: now, identity: identity, logLimit: lograte.Limiter{Every: 10 * time.Second},
+		now: now, signer: signer, logLimit: lograte.Limiter{Every: 10 * time.Second},
 		minted: map[[32]byte]mintedNonce{}, latest: map[string][32]byte{}, rates: map[string]*bucket{}, refusal: map[string]*refusedBurst{}}
 }
 
@@ -328,16 +328,16 @@ func (w *witness) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		http.Error(rw, "refusing to witness a join for "+n.mac+": "+ev.reason, http.StatusForbidden)
 		return
 	}
-	id := w.identity()
-	pub, err := x509.MarshalPKIXPublicKey(id.Key().Public())
+	nodeID, key := w.signer()
+	pub, err := x509.MarshalPKIXPublicKey(key.Public())
 	if err != nil {
 		http.Error(rw, "the site's node key: "+err.Error(), http.StatusInternalServerError)
 		return
 	}
-	payload, _ := json.Marshal(protocol.WitnessPayload{NodeID: id.NodeID, NonceSHA256: hex.EncodeToString(h[:]), CSRSHA256: req.CSRSHA256,
+	payload, _ := json.Marshal(protocol.WitnessPayload{NodeID: nodeID, NonceSHA256: hex.EncodeToString(h[:]), CSRSHA256: req.CSRSHA256,
 		MAC: n.mac, IP: ev.ip.String(), Interface: ev.iface, Checked: !w.trustAny, Time: now.UTC()})
 	digest := sha256.Sum256(payload)
-	sig, err := id.Key().Sign(rand.Reader, digest[:], crypto.SHA256)
+	sig, err := key.Sign(rand.Reader, digest[:], crypto.SHA256)
 	if err != nil {
 		w.log.Error("boot: cannot sign a witness", "error", err.Error())
 		http.Error(rw, "the site agent cannot sign right now; retry", http.StatusServiceUnavailable)
