@@ -334,13 +334,16 @@ func (a *Agent) probe(ctx context.Context) error {
 	return tc.Close()
 }
 
-// askWitness asks the site agent at bcd.witness to countersign the join for
+// AskWitness asks the site agent at bcd.witness to countersign the join for
 // the CSR csrSHA256: the control plane takes a discovery join only with the
 // minting site's witness. The site answers only the machine whose MAC its
 // neighbour table has for this address, so this goes straight to it, never
 // through the proxy. A site that renders no bcd.witness gets no ask, and the
 // join is refused (NONCE_NOT_WITNESSED) with a message that says so.
-func (a *Agent) askWitness(ctx context.Context, csrSHA256 string) (*protocol.BootWitness, error) {
+func (a *Agent) AskWitness(ctx context.Context, csrSHA256 string) (*protocol.BootWitness, error) {
+	if a.log == nil {
+		a.log = slog.New(slog.DiscardHandler)
+	}
 	if a.Params.Witness == nil {
 		a.log.Warn("no " + protocol.CmdlineWitness + " on the kernel command line: the site agent is of an older release; the join goes without the site's witness and the control plane refuses it")
 		return nil, nil
@@ -422,7 +425,7 @@ func (a *Agent) identity(ctx context.Context, claims protocol.Claims) (*agent.Id
 		MaxDeferral: a.MaxDeferral,
 		Logger:      a.console,
 		Proxy:       a.Params.Proxy,
-		Witness:     a.askWitness,
+		Witness:     a.AskWitness,
 		OnDeferral: func(wait time.Duration, n int) {
 			a.log.Warn("WAITING FOR APPROVAL: the control plane holds this machine's join until an operator approves it",
 				"macs", claims.MACs, "system_serial", claims.SystemSerial, "site", a.Params.Site,
