@@ -15,6 +15,7 @@ const (
 	CodeNonceWrongMAC        = "NONCE_WRONG_MAC"        // minted for a MAC the join's claims do not list
 	CodeNonceNotWitnessed    = "NONCE_NOT_WITNESSED"    // no valid witness of the site agent that minted the nonce
 	CodeMachineNotRegistered = "MACHINE_NOT_REGISTERED" // the MAC is no machine of the nonce's site
+	CodeMachineHasRamdisk    = "MACHINE_HAS_RAMDISK"    // retryable: the machine's ramdisk is connected; a second one is refused
 )
 
 // MaxBootNonceLifetime bounds BootNonce.ExpiresAt: the control plane refuses

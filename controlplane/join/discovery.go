@@ -122,6 +122,27 @@ func NewDiscoveryAttestor(st DiscoveryStore) Attestor {
 			return Verdict{}, refuse(protocol.CodeMachineNotRegistered, "MAC %s is not a machine of site %s (better-compute machines add --site %s --mac %s)",
 				n.MAC, n.Site, n.Site, n.MAC)
 		}
+		// A second ramdisk for a machine whose ramdisk is connected: the
+		// machine cannot run two, so one of them is not the machine. Retryable,
+		// so that a machine power-cycled under its ramdisk joins once the
+		// gateway has seen the old session end.
+		if m.BoundRamdisk != "" && !deferredHere {
+			old, err := st.GetNode(ctx, m.BoundRamdisk)
+			if err != nil && !errors.Is(err, store.ErrNotFound) {
+				return Verdict{}, err
+			}
+			if err == nil && !old.Deleted() && old.SessionID != 0 {
+				e := refusal.New(protocol.CodeMachineHasRamdisk, "machine %s already runs ramdisk node %s, connected now; a second ramdisk claiming it is refused (someone may be spoofing the machine). Once that session ends the join is admitted",
+					m.ID, old.ID)
+				e.Retryable = true
+				data, _ := json.Marshal(map[string]string{"code": protocol.CodeMachineHasRamdisk, "mac": n.MAC, "ramdisk": old.ID, "csr_sha256": r.CSRSHA256})
+				if err := st.AddMachineEvent(ctx, store.MachineEvent{MachineID: m.ID, Time: r.Now, Kind: protocol.MachineEventSpoofed,
+					Message: "a second ramdisk claimed the machine while ramdisk " + old.ID + " is connected: refused", Data: data}); err != nil {
+					return Verdict{}, err
+				}
+				return Verdict{}, e
+			}
+		}
 		site, err := st.GetSite(ctx, m.Site)
 		if err != nil {
 			return Verdict{}, err

@@ -363,3 +363,42 @@ func TestDiscoveryWitness(t *testing.T) {
 		t.Fatalf("the witnessed join: %v", err)
 	}
 }
+
+// TestDiscoverySecondRamdiskRefused: while the machine's ramdisk has a session,
+// another ramdisk's join, witnessed or not, is refused MACHINE_HAS_RAMDISK
+// (retryable) and the machine's timeline says someone claims it; once the
+// session ends, a new boot's ramdisk joins.
+func TestDiscoverySecondRamdiskRefused(t *testing.T) {
+	f := discoveryFixture(t)
+	m := cptest.NewMachine(t, f.st, nil)
+	_, err := f.svc.Join(ctx, cptest.NewAgent(t).DiscoveryRequest(cptest.NewNonce(t, f.st, cptest.Site, cptest.MAC, time.Minute), cptest.MAC))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := f.st.GetMachine(ctx, m.ID)
+	sid, err := f.st.OpenSession(ctx, store.Session{NodeID: got.BoundRamdisk, Role: protocol.RoleRamdisk, ProtocolVersion: protocol.Version, ConnectedAt: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := cptest.NewAgent(t).DiscoveryRequest(cptest.NewNonce(t, f.st, cptest.Site, cptest.MAC, time.Minute), cptest.MAC)
+	_, err = f.svc.Join(ctx, second)
+	if code(err) != protocol.CodeMachineHasRamdisk || !httpjson.Response(err).Retryable {
+		t.Fatalf("a second ramdisk: %v, want retryable %s", err, protocol.CodeMachineHasRamdisk)
+	}
+	evs, _ := f.st.MachineEvents(ctx, m.ID, 0)
+	spoofed := 0
+	for _, e := range evs {
+		if e.Kind == protocol.MachineEventSpoofed {
+			spoofed++
+		}
+	}
+	if spoofed != 1 {
+		t.Errorf("%d %s events, want 1", spoofed, protocol.MachineEventSpoofed)
+	}
+	if err := f.st.CloseSession(ctx, sid, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.svc.Join(ctx, second); err != nil {
+		t.Fatalf("after the first ramdisk's session ended: %v", err)
+	}
+}
