@@ -110,9 +110,6 @@ tftp = ":69"
 tftp_root = %q
 interface = "srv0"
 ramdisk_dir = %q
-# The simulated machines share one interface, so one MAC: the neighbour
-# table cannot tell them apart.
-trust_any_neighbor = true
 `, serveGateway, benchSite, pins, filepath.Join(d, "data"), filepath.Join(d, "bcd.sock"),
 		t.serverIP, httpPort, url, url, url, t.serverIP.String(),
 		filepath.Join(l.dir, "tftp"), filepath.Join(l.dir, "ramdisk"))
