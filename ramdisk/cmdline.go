@@ -312,7 +312,9 @@ func ParseParams(cmdline string, allowHTTP bool) (Params, error) {
 	}
 	if v, ok := get(protocol.CmdlineWitness, false); ok {
 		u, err := url.Parse(v)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil {
+		// Canonical only (String gives v back): what is logged and asked is
+		// what the site rendered.
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || u.String() != v {
 			bad(protocol.CmdlineWitness, "is not an http:// or https:// URL")
 		} else {
 			p.Witness = u
