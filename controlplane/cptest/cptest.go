@@ -174,19 +174,26 @@ func Witness(nonce, csrSHA256 string, mut func(*protocol.WitnessPayload)) *proto
 		return nil
 	}
 	w := v.(witnessed)
+	return SignWitness(SiteKey(), w.node, nonce, csrSHA256, w.mac, mut)
+}
+
+// SignWitness is site node nodeID's witness, signed with key, of a join for
+// nonce, csrSHA256 and mac, as bcd site signs it; mut changes the payload
+// before it is signed.
+func SignWitness(key *ecdsa.PrivateKey, nodeID, nonce, csrSHA256, mac string, mut func(*protocol.WitnessPayload)) *protocol.BootWitness {
 	h := sha256.Sum256([]byte(nonce))
-	p := protocol.WitnessPayload{NodeID: w.node, NonceSHA256: hex.EncodeToString(h[:]), CSRSHA256: csrSHA256, MAC: w.mac,
+	p := protocol.WitnessPayload{NodeID: nodeID, NonceSHA256: hex.EncodeToString(h[:]), CSRSHA256: csrSHA256, MAC: mac,
 		IP: "10.20.0.50", Interface: "br0", Checked: true, Time: time.Now().UTC()}
 	if mut != nil {
 		mut(&p)
 	}
 	payload, _ := json.Marshal(p)
 	digest := sha256.Sum256(payload)
-	sig, err := ecdsa.SignASN1(rand.Reader, SiteKey(), digest[:])
+	sig, err := ecdsa.SignASN1(rand.Reader, key, digest[:])
 	if err != nil {
 		panic(err)
 	}
-	der, _ := x509.MarshalPKIXPublicKey(SiteKey().Public())
+	der, _ := x509.MarshalPKIXPublicKey(key.Public())
 	return &protocol.BootWitness{Payload: payload, Signature: sig, PublicKey: der}
 }
 
