@@ -397,6 +397,13 @@ func (s *HTTPServer) serveScript(w http.ResponseWriter, r *http.Request, mac net
 	default:
 		err = fmt.Errorf("boot entry mode %q is neither %q nor %q", mode, ModeRamdisk, ModeLocal)
 	}
+	var refused *RefusedError
+	if errors.As(err, &refused) {
+		// The minter counted and logged it (rate-limited): a spoofer must not
+		// fill the log.
+		http.Error(w, refused.Message, refused.Status)
+		return
+	}
 	if err != nil {
 		s.logger().Warn("boot HTTP: cannot serve the iPXE script", "mac", mac, "mode", mode, "err", err)
 		http.Error(w, "this machine's boot script cannot be rendered; see the site agent's log", http.StatusInternalServerError)
@@ -416,6 +423,16 @@ func (s *HTTPServer) serveScript(w http.ResponseWriter, r *http.Request, mac net
 		s.Observer.Observe(Event{Time: time.Now(), Served: ServedScript, MAC: mac, IP: remoteIP(r), Arch: -1, File: r.URL.Path, Mode: mode, Nonce: nonce})
 	}
 }
+
+// RefusedError is a NonceMinter's refusal of the client that asked for the
+// script (its address is not the MAC's, it asks too often): the script is
+// answered with Status and Message instead, and no nonce leaves.
+type RefusedError struct {
+	Status  int    // an HTTP status: 403, 429
+	Message string // for the client, one line
+}
+
+func (e *RefusedError) Error() string { return e.Message }
 
 func (s *HTTPServer) mintNonce(mac net.HardwareAddr) (string, error) {
 	if s.Nonces == nil {

@@ -62,6 +62,9 @@ type Boot struct {
 	// TFTPTransferTimeout bounds a TFTP transfer's life, in seconds; 0: the
 	// server's default.
 	TFTPTransferTimeout int64
+	// TrustAnyNeighbor hands boot nonces and witnesses without the neighbour
+	// table check: for simulations (bcd sim), whose machines share one MAC.
+	TrustAnyNeighbor bool
 }
 
 // Plugins is [plugins], the bcx plugins a node runs.

@@ -55,6 +55,7 @@ var schema = []section{
 		// (boot.DefaultTFTPMaxTransfers, boot.DefaultTFTPTransferTimeout).
 		integer("tftp_max_transfers", func(c *Config) *int64 { return &c.Boot.TFTPMaxTransfers }, 1),
 		integer("tftp_transfer_timeout", func(c *Config) *int64 { return &c.Boot.TFTPTransferTimeout }, 1),
+		boolean("trust_any_neighbor", func(c *Config) *bool { return &c.Boot.TrustAnyNeighbor }),
 	),
 	sect("plugins", func(c *Config) **Plugins { return &c.Plugins }, nil,
 		str("dir", func(c *Config) *string { return &c.Plugins.Dir }, absPath),

@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"context"
+	"crypto/ecdsa"
 	"crypto/rand"
 	"crypto/x509"
 	"encoding/hex"
@@ -21,6 +22,7 @@ import (
 	"github.com/better-compute/bcd/controlplane/lifecycle"
 	"github.com/better-compute/bcd/controlplane/machines"
 	"github.com/better-compute/bcd/controlplane/store"
+	"github.com/better-compute/bcd/pki"
 	"github.com/better-compute/bcd/protocol"
 )
 
@@ -159,6 +161,9 @@ type lab struct {
 	opToken  string
 	op       *client.Client
 	site     *conn
+	// siteKey and siteID sign the ramdisks' witnesses, as bcd site does.
+	siteKey  *ecdsa.PrivateKey
+	siteID   string
 	mu       sync.Mutex
 	machines map[string]*fakeMachine
 	// bmc are the BMC commands the site agent got, in order.
@@ -191,7 +196,9 @@ func newLabWith(t *testing.T, timeouts string, tune func(*Server)) *lab {
 	if er != nil {
 		t.Fatalf("site join: %+v", er)
 	}
-	l.site = dial(t, l.gw(), l.roots(), a, a.Verify(t, l.s.Bundle(), jr), "site-boot")
+	siteRes := a.Verify(t, l.s.Bundle(), jr)
+	l.siteKey, l.siteID = a.Key, siteRes.NodeID
+	l.site = dial(t, l.gw(), l.roots(), a, siteRes, "site-boot")
 	go l.siteLoop(l.site)
 	waitFor(t, "the site agent's session", func() bool {
 		nodes, _ := l.op.ListNodes(ctx)
@@ -347,6 +354,7 @@ func (l *lab) boot(fm *fakeMachine) {
 	a := cptest.NewAgent(l.t)
 	req := a.DiscoveryRequest(nonce, fm.mac)
 	req.Site = cptest.Site
+	req.Witness = cptest.SignWitness(l.siteKey, l.siteID, nonce, pki.CSRSHA256(a.CSRDER), fm.mac, nil)
 	var jr *protocol.JoinResponse
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		var er *protocol.ErrorResponse

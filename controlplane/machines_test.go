@@ -13,6 +13,7 @@ import (
 	"github.com/better-compute/bcd/controlplane/client"
 	"github.com/better-compute/bcd/controlplane/cptest"
 	"github.com/better-compute/bcd/controlplane/store"
+	"github.com/better-compute/bcd/pki"
 	"github.com/better-compute/bcd/protocol"
 )
 
@@ -90,6 +91,7 @@ func TestMachineFlow(t *testing.T) {
 	rd := cptest.NewAgent(t)
 	req := rd.DiscoveryRequest(nonce, cptest.MAC)
 	req.Site = "fsn1"
+	req.Witness = cptest.SignWitness(sa.Key, siteRes.NodeID, nonce, pki.CSRSHA256(rd.CSRDER), cptest.MAC, nil)
 	jr, er = cptest.PostJoin(t, hc, gw, req)
 	if er != nil {
 		t.Fatalf("ramdisk join: %+v", er)
@@ -229,19 +231,23 @@ func TestManualApprovalOverHTTP(t *testing.T) {
 	}
 	nonce := "YXBwcm92ZS1hcHByb3ZlLWFw"
 	now := time.Now()
-	if _, err := s.Store().AddBootNonce(ctx, nonceRecord(nonce, "fsn1", now)); err != nil {
+	rec := nonceRecord(nonce, "fsn1", now)
+	rec.SiteNode = cptest.EnsureSiteNode(t, s.Store(), "fsn1")
+	if _, err := s.Store().AddBootNonce(ctx, rec); err != nil {
 		t.Fatal(err)
 	}
 	hc := cptest.HTTPClient(s.Bundle().Public.ServingCAPool(), nil)
 	rd := cptest.NewAgent(t)
-	jr, er := cptest.PostJoin(t, hc, s.AdvertisedGatewayURL(), rd.DiscoveryRequest(nonce, cptest.MAC))
+	rdReq := rd.DiscoveryRequest(nonce, cptest.MAC)
+	rdReq.Witness = cptest.SignWitness(cptest.SiteKey(), rec.SiteNode, nonce, pki.CSRSHA256(rd.CSRDER), cptest.MAC, nil)
+	jr, er := cptest.PostJoin(t, hc, s.AdvertisedGatewayURL(), rdReq)
 	if er != nil || jr.Signed != "" || jr.RetryAfterS != 5 {
 		t.Fatalf("before approval: %+v %+v", jr, er)
 	}
 	if _, err := op.ApproveMachine(ctx, m.ID); err != nil {
 		t.Fatal(err)
 	}
-	jr, er = cptest.PostJoin(t, hc, s.AdvertisedGatewayURL(), rd.DiscoveryRequest(nonce, cptest.MAC))
+	jr, er = cptest.PostJoin(t, hc, s.AdvertisedGatewayURL(), rdReq)
 	if er != nil || jr.Signed == "" {
 		t.Fatalf("after approval: %+v %+v", jr, er)
 	}

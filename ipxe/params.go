@@ -25,6 +25,7 @@ type Params struct {
 	JoinSigningPin    string // bcd.join_signing_pin: sha256/<base64>
 	JoinEncryptionPin string // bcd.join_encryption_pin: sha256/<base64>
 	Proxy             string // bcd.proxy: optional HTTP proxy URL for the ramdisk
+	Witness           string // bcd.witness: the site agent's witness URL (protocol.WitnessPath)
 	Log               string // bcd.log: optional log level
 }
 
@@ -54,6 +55,9 @@ func (p Params) args(nonce string) ([]string, error) {
 	}
 	if p.Proxy != "" {
 		params = append(params, param{protocol.CmdlineProxy, p.Proxy, checkURL})
+	}
+	if p.Witness != "" {
+		params = append(params, param{protocol.CmdlineWitness, p.Witness, checkURL})
 	}
 	if p.Log != "" {
 		params = append(params, param{protocol.CmdlineLog, p.Log, checkWord})

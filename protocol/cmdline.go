@@ -12,6 +12,7 @@ const (
 	CmdlineJoinSigningPin    = "bcd.join_signing_pin"
 	CmdlineJoinEncryptionPin = "bcd.join_encryption_pin"
 	CmdlineBootNonce         = "bcd.boot_nonce"
-	CmdlineProxy             = "bcd.proxy" // optional: HTTP proxy the ramdisk dials through
-	CmdlineLog               = "bcd.log"   // optional: log level
+	CmdlineProxy             = "bcd.proxy"   // optional: HTTP proxy the ramdisk dials through
+	CmdlineWitness           = "bcd.witness" // the site agent's witness URL (WitnessPath)
+	CmdlineLog               = "bcd.log"     // optional: log level
 )

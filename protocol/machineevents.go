@@ -16,6 +16,7 @@ const (
 	// machine's timeline under the same kind.
 	EventMachineBooted = "machine.booted" // MachineBooted: the site served a machine
 	EventBootNonce     = "boot.nonce"     // BootNonce: the site minted a nonce for a MAC
+	EventBootRefused   = "boot.refused"   // BootRefused: the site refused a nonce or witness (spoofing?)
 )
 
 // Kinds of the entries of a machine's timeline that an operator's change
@@ -45,6 +46,9 @@ const (
 const (
 	MachineEventJoinRefused  = "join.refused"  // refused: its boot nonce was used or expired, or MAC or site disagree
 	MachineEventJoinDeferred = "join.deferred" // waits for the operator's approval (MachineEventApproved)
+	// MachineEventSpoofed is a second ramdisk claiming a machine that
+	// already has a live one, or a join without the minting site's witness.
+	MachineEventSpoofed = "join.spoofed"
 )
 
 // Kinds of the entries of a machine's timeline that the lifecycle controller

@@ -58,12 +58,15 @@ type JoinRequest struct {
 	// key whose plaintext is a SealedToken bound to this CSR.
 	SealedToken string `json:"sealed_token,omitempty"`
 	// TPM is the tpm attestor's evidence (see TPMAttestation).
-	TPM           *TPMAttestation `json:"tpm,omitempty"`
-	Claims        Claims          `json:"claims"`
-	NodeID        string          `json:"node_id,omitempty"`    // provisioned: the node the deploy minted the token for
-	BootNonce     string          `json:"boot_nonce,omitempty"` // discovery
-	Site          string          `json:"site,omitempty"`       // from config.toml; a token for another site is refused
-	DaemonVersion string          `json:"daemon_version,omitempty"`
+	TPM       *TPMAttestation `json:"tpm,omitempty"`
+	Claims    Claims          `json:"claims"`
+	NodeID    string          `json:"node_id,omitempty"`    // provisioned: the node the deploy minted the token for
+	BootNonce string          `json:"boot_nonce,omitempty"` // discovery
+	// Witness is the discovery join's countersignature by the site agent
+	// that minted BootNonce (see BootWitness).
+	Witness       *BootWitness `json:"witness,omitempty"`
+	Site          string       `json:"site,omitempty"` // from config.toml; a token for another site is refused
+	DaemonVersion string       `json:"daemon_version,omitempty"`
 }
 
 // SealedToken is the plaintext inside JoinRequest.SealedToken. Binding the token to the

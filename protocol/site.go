@@ -60,6 +60,10 @@ type BootNonce struct {
 	MAC       string    `json:"mac"`
 	Nonce     string    `json:"nonce"`
 	ExpiresAt time.Time `json:"expires_at"`
+	// IP and Interface are the L2 evidence the site minted it on: the
+	// script's client address, whose neighbour entry on Interface is MAC.
+	IP        string `json:"ip,omitempty"`
+	Interface string `json:"interface,omitempty"`
 }
 
 // HTTPProxySection is a site's http_proxy section: the proxy the site agent runs on

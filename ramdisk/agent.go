@@ -1,14 +1,19 @@
 package ramdisk
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/url"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -329,6 +334,75 @@ func (a *Agent) probe(ctx context.Context) error {
 	return tc.Close()
 }
 
+// AskWitness asks the site agent at bcd.witness to countersign the join for
+// the CSR csrSHA256: the control plane takes a discovery join only with the
+// minting site's witness. The site answers only the machine whose MAC its
+// neighbour table has for this address, so this goes straight to it, never
+// through the proxy. A site that renders no bcd.witness gets no ask, and the
+// join is refused (NONCE_NOT_WITNESSED) with a message that says so.
+func (a *Agent) AskWitness(ctx context.Context, csrSHA256 string) (*protocol.BootWitness, error) {
+	if a.log == nil {
+		a.log = slog.New(slog.DiscardHandler)
+	}
+	if a.Params.Witness == nil {
+		a.log.Warn("no " + protocol.CmdlineWitness + " on the kernel command line: the site agent is of an older release; the join goes without the site's witness and the control plane refuses it")
+		return nil, nil
+	}
+	body, _ := json.Marshal(protocol.WitnessRequest{BootNonce: a.Params.BootNonce, CSRSHA256: csrSHA256})
+	var last error
+	for attempt := 0; attempt < witnessTries; attempt++ {
+		if attempt > 0 && !agent.Sleep(ctx, a.JoinBackoff.Delay(attempt-1)) {
+			return nil, ctx.Err()
+		}
+		w, retry, err := a.postWitness(ctx, body)
+		if err == nil {
+			return w, nil
+		}
+		if !retry {
+			return nil, err
+		}
+		last = err
+		a.log.Warn("the site agent's witness did not answer; asking again", "url", a.Params.Witness.String(), "error", err.Error())
+	}
+	return nil, fmt.Errorf("the site agent's witness at %s: %w", a.Params.Witness, last)
+}
+
+// witnessTries bounds the asks of one key's witness.
+const witnessTries = 5
+
+func (a *Agent) postWitness(ctx context.Context, body []byte) (_ *protocol.BootWitness, retry bool, _ error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.Params.Witness.String(), bytes.NewReader(body))
+	if err != nil {
+		return nil, false, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	// No proxy, whatever the environment says: the site must see this machine.
+	client := &http.Client{Transport: &http.Transport{Proxy: nil}}
+	defer client.CloseIdleConnections()
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, true, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 16<<10))
+	if err != nil {
+		return nil, true, err
+	}
+	switch {
+	case resp.StatusCode == http.StatusOK:
+		var w protocol.BootWitness
+		if err := json.Unmarshal(b, &w); err != nil {
+			return nil, false, fmt.Errorf("the site agent's witness answer is not JSON: %w", err)
+		}
+		return &w, false, nil
+	case resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests:
+		return nil, true, fmt.Errorf("the site agent's witness answered %s: %s", resp.Status, strings.TrimSpace(string(b)))
+	}
+	return nil, false, fmt.Errorf("the site agent refused to witness this machine's join (%s): %s", resp.Status, strings.TrimSpace(string(b)))
+}
+
 // identity loads the identity a join of this boot left in the data directory (a
 // restarted bcd ramdisk must not spend the nonce twice), or joins.
 func (a *Agent) identity(ctx context.Context, claims protocol.Claims) (*agent.Identity, error) {
@@ -351,6 +425,7 @@ func (a *Agent) identity(ctx context.Context, claims protocol.Claims) (*agent.Id
 		MaxDeferral: a.MaxDeferral,
 		Logger:      a.console,
 		Proxy:       a.Params.Proxy,
+		Witness:     a.AskWitness,
 		OnDeferral: func(wait time.Duration, n int) {
 			a.log.Warn("WAITING FOR APPROVAL: the control plane holds this machine's join until an operator approves it",
 				"macs", claims.MACs, "system_serial", claims.SystemSerial, "site", a.Params.Site,

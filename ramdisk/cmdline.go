@@ -144,6 +144,10 @@ type Params struct {
 	BootNonce string
 	// Proxy is bcd.proxy, the site agent's HTTP proxy; nil means direct.
 	Proxy *url.URL
+	// Witness is bcd.witness, the site agent's witness endpoint on its boot
+	// server, asked directly (not through Proxy) to countersign the join; nil
+	// when the site sent none (the control plane then refuses the join).
+	Witness *url.URL
 	// LogLevel is bcd.log (debug, info, warn or error; info when absent).
 	LogLevel slog.Level
 }
@@ -164,6 +168,7 @@ func (p Params) LogValue() slog.Value {
 		slog.String("join_encryption_pin", p.Pins.JoinEncryption),
 		slog.String("boot_nonce", fmt.Sprintf("(%d characters)", len(p.BootNonce))),
 		slog.String("proxy", proxy),
+		slog.String("witness", urlOrNone(p.Witness)),
 		slog.String("log", strings.ToLower(p.LogLevel.String())),
 	)
 }
@@ -189,6 +194,13 @@ func (e *CmdlineError) Error() string {
 		parts[i] = p.Error()
 	}
 	return strings.Join(parts, "; ")
+}
+
+func urlOrNone(u *url.URL) string {
+	if u == nil {
+		return "none"
+	}
+	return u.String()
 }
 
 // Required are the parameters bcd ramdisk cannot start without.
@@ -296,6 +308,16 @@ func ParseParams(cmdline string, allowHTTP bool) (Params, error) {
 			bad(protocol.CmdlineProxy, "is not an HTTP proxy: "+err.Error())
 		} else {
 			p.Proxy = u
+		}
+	}
+	if v, ok := get(protocol.CmdlineWitness, false); ok {
+		u, err := url.Parse(v)
+		// Canonical only (String gives v back): what is logged and asked is
+		// what the site rendered.
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || u.String() != v {
+			bad(protocol.CmdlineWitness, "is not an http:// or https:// URL")
+		} else {
+			p.Witness = u
 		}
 	}
 	p.LogLevel = slog.LevelInfo

@@ -71,6 +71,7 @@ func goodCmdline() string {
 		"bcd.join_encryption_pin=" + pinC,
 		"bcd.boot_nonce=" + nonce,
 		"bcd.proxy=http://10.20.0.2:3128",
+		"bcd.witness=http://10.20.0.2:8080/v1/witness",
 	}, " ") + "\n"
 }
 
@@ -81,7 +82,8 @@ func TestParseParams(t *testing.T) {
 	}
 	if p.GatewayURL != "https://gw.example.com:8443" || p.ServerName != "gw.example.com" || p.Site != "site_01k5w" ||
 		p.Pins.ServingCA != pinA || p.Pins.JoinSigning != pinB || p.Pins.JoinEncryption != pinC ||
-		p.BootNonce != nonce || p.Proxy == nil || p.Proxy.String() != "http://10.20.0.2:3128" || p.LogLevel != slog.LevelInfo {
+		p.BootNonce != nonce || p.Proxy == nil || p.Proxy.String() != "http://10.20.0.2:3128" || p.LogLevel != slog.LevelInfo ||
+		p.Witness == nil || p.Witness.String() != "http://10.20.0.2:8080/v1/witness" {
 		t.Fatalf("params: %+v", p)
 	}
 
@@ -148,6 +150,8 @@ func TestParseParamsRefusals(t *testing.T) {
 		{replace(nonce, nonce+`\x`), false, protocol.CmdlineBootNonce, "is not a boot nonce"},
 		{replace(nonce, strings.Repeat("a", 257)), false, protocol.CmdlineBootNonce, "is not a boot nonce"},
 		{replace("http://10.20.0.2:3128", "https://10.20.0.2:3128"), false, protocol.CmdlineProxy, "is not an HTTP proxy"},
+		{replace("http://10.20.0.2:8080/v1/witness", "ftp://10.20.0.2/v1/witness"), false, protocol.CmdlineWitness, "is not an http:// or https:// URL"},
+		{replace("http://10.20.0.2:8080/v1/witness", "http://u:p@10.20.0.2/v1/witness"), false, protocol.CmdlineWitness, "is not an http:// or https:// URL"},
 		{replace("http://10.20.0.2:3128", "http://10.20.0.2"), false, protocol.CmdlineProxy, "no port"},
 		{replace("http://10.20.0.2:3128", "http://10.20.0.2:3128/path"), false, protocol.CmdlineProxy, "no path"},
 		{replace("http://10.20.0.2:3128", "http://u:p@10.20.0.2:3128"), false, protocol.CmdlineProxy, "user name"},

@@ -76,6 +76,7 @@ func FuzzParseParams(f *testing.F) {
 	f.Add(strings.Replace(goodCmdline(), "https://", "http://", 1), true)
 	f.Add("bcd.gateway_url=https://x bcd.log=debug", false)
 	f.Add(`bcd.site="a b" bcd.proxy=http://[::1]:3128`, false)
+	f.Add(`bcd.witness=http://10.20.0.2:8080/v1/w%41tness?x#y`, false)
 	f.Fuzz(func(t *testing.T, s string, allowHTTP bool) {
 		p, err := ParseParams(s, allowHTTP)
 		if err != nil {
@@ -99,6 +100,9 @@ func FuzzParseParams(f *testing.F) {
 		}
 		if p.Proxy != nil {
 			words = append(words, "bcd.proxy="+p.Proxy.String())
+		}
+		if p.Witness != nil {
+			words = append(words, "bcd.witness="+p.Witness.String())
 		}
 		again, err := ParseParams(strings.Join(words, " "), allowHTTP)
 		if err != nil {

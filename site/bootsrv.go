@@ -2,6 +2,7 @@ package site
 
 import (
 	"context"
+	"crypto"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,13 +18,15 @@ import (
 	"github.com/better-compute/bcd/agent"
 	"github.com/better-compute/bcd/boot"
 	"github.com/better-compute/bcd/ipxe"
+	"github.com/better-compute/bcd/protocol"
 )
 
 // bootServers are the proxyDHCP, TFTP and HTTP boot servers of [boot], listening
 // from openBoot until the context given to serve ends.
 type bootServers struct {
-	log    *slog.Logger
-	events *reporter
+	log     *slog.Logger
+	events  *reporter
+	witness *witness
 	// base is the boot HTTP server as configured now; each request runs a copy
 	// (see ServeHTTP), so the proxy parameter can change between requests.
 	base   atomic.Pointer[boot.HTTPServer]
@@ -44,6 +47,7 @@ func (s *Site) ramdiskParams() (ipxe.Params, error) {
 		return ipxe.Params{}, err
 	}
 	p := ipxe.Params{
+		Witness:           strings.TrimSuffix(c.Boot.URL, "/") + protocol.WitnessPath,
 		GatewayURL:        c.GatewayURL,
 		ServerName:        serverName,
 		Site:              s.siteName(),
@@ -97,7 +101,11 @@ func (s *Site) openBoot() (_ *bootServers, err error) {
 	if err != nil {
 		return nil, invalid("[boot]: the ramdisk command line cannot be built from config.toml: %v", err)
 	}
-	bs := &bootServers{log: s.log, events: s.events, params: params}
+	bs := &bootServers{log: s.log, events: s.events, params: params,
+		witness: newWitness(s.log, s.events, b.TrustAnyNeighbor, s.now, func() (string, crypto.Signer) {
+			id := s.renewer.Current()
+			return id.NodeID, id.Key()
+		})}
 	kernel, initrd := b.Kernel, b.Initrd
 	base := strings.TrimSuffix(b.URL, "/")
 	if kernel == "" && b.RamdiskDir != "" {
@@ -251,6 +259,10 @@ func (bs *bootServers) serve(ctx context.Context, wg *sync.WaitGroup, errc chan<
 // journaled turns the answer into 503 (the boot server's own answer would be 500:
 // the machine should retry, not an operator fix a script).
 func (bs *bootServers) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == protocol.WitnessPath {
+		bs.witness.ServeHTTP(w, r)
+		return
+	}
 	srv := *bs.base.Load()
 	if !strings.HasPrefix(r.URL.Path, "/ipxe/") || !strings.HasSuffix(r.URL.Path, ".ipxe") {
 		srv.ServeHTTP(w, r) // kernel and initrd keep the connection's sendfile path
@@ -258,8 +270,9 @@ func (bs *bootServers) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	uw := &unavailableWriter{ResponseWriter: w}
 	srv.Nonces = boot.NonceMinterFunc(func(mac net.HardwareAddr) (string, error) {
-		n, err := bs.events.MintNonce(mac)
-		if err != nil {
+		n, err := bs.witness.mint(r, mac)
+		var refused *boot.RefusedError
+		if err != nil && !errors.As(err, &refused) {
 			uw.failed = true
 		}
 		return n, err

@@ -525,16 +525,20 @@ func (e *errNonceNotJournaled) Error() string {
 }
 func (e *errNonceNotJournaled) Unwrap() error { return e.err }
 
-// MintNonce mints a nonce for mac and journals its boot.nonce event (sending it
-// when the session is up) before returning it, so the control plane hears of every
-// nonce before the script that carries it leaves. The nonce itself is never logged.
-func (r *reporter) MintNonce(mac net.HardwareAddr) (string, error) {
+// MintNonce mints a nonce for mac, seen at ip on iface, and journals its
+// boot.nonce event (sending it when the session is up) before returning it, so
+// the control plane hears of every nonce before the script that carries it
+// leaves. The nonce itself is never logged.
+func (r *reporter) MintNonce(mac net.HardwareAddr, ip netip.Addr, iface string) (string, error) {
 	nonce, err := protocol.NewBootNonce()
 	if err != nil {
 		return "", err
 	}
 	now := r.now().UTC()
-	bn := protocol.BootNonce{MAC: mac.String(), Nonce: nonce, ExpiresAt: now.Add(protocol.BootNonceLifetime)}
+	bn := protocol.BootNonce{MAC: mac.String(), Nonce: nonce, ExpiresAt: now.Add(protocol.BootNonceLifetime), Interface: iface}
+	if ip.IsValid() {
+		bn.IP = ip.String()
+	}
 	data, err := json.Marshal(bn)
 	if err != nil {
 		return "", err

@@ -261,7 +261,8 @@ func testBootServers(t *testing.T, sink eventSink) *httptest.Server {
 	if err := table.Set(map[string]boot.Entry{macA.String(): {Mode: boot.ModeRamdisk}, macB.String(): {Mode: boot.ModeLocal}}); err != nil {
 		t.Fatal(err)
 	}
-	bs := &bootServers{log: slog.New(slog.DiscardHandler), events: r, params: testParams}
+	bs := &bootServers{log: slog.New(slog.DiscardHandler), events: r, params: testParams,
+		witness: newWitness(slog.New(slog.DiscardHandler), r, true, time.Now, nil)}
 	bs.base.Store(&boot.HTTPServer{URL: "http://10.20.0.2:8080", Table: &table, Params: testParams,
 		Kernel: "http://10.20.0.2:8080/ramdisk/vmlinuz", Initrd: "http://10.20.0.2:8080/ramdisk/initrd", Observer: r})
 	srv := httptest.NewServer(bs)

@@ -20,14 +20,23 @@ const arpTable = "/proc/net/arp"
 // neighborMAC looks ip up in the neighbour table; nil when it is not there (or on
 // a system without /proc/net/arp).
 func neighborMAC(ip netip.Addr) net.HardwareAddr {
+	mac, _ := neighborEntry(ip)
+	return mac
+}
+
+// neighborEntry looks ip up in the neighbour table: its MAC and the interface
+// the entry is on; nil and "" when it is not there. Only IPv4 (/proc/net/arp):
+// an IPv6 client has no entry, so it gets no nonce.
+func neighborEntry(ip netip.Addr) (net.HardwareAddr, string) {
+	ip = ip.Unmap()
 	if !ip.Is4() {
-		return nil
+		return nil, ""
 	}
 	b, err := os.ReadFile(arpTable)
 	if err != nil {
-		return nil
+		return nil, ""
 	}
-	return parseARP(bytes.NewReader(b), ip)
+	return parseARPEntry(bytes.NewReader(b), ip)
 }
 
 // parseARP finds ip's complete entry in /proc/net/arp's format:
@@ -35,6 +44,12 @@ func neighborMAC(ip netip.Addr) net.HardwareAddr {
 //	IP address       HW type     Flags       HW address            Mask     Device
 //	10.20.0.50       0x1         0x2         52:54:00:12:34:56     *        br0
 func parseARP(r io.Reader, ip netip.Addr) net.HardwareAddr {
+	mac, _ := parseARPEntry(r, ip)
+	return mac
+}
+
+// parseARPEntry is parseARP with the entry's device.
+func parseARPEntry(r io.Reader, ip netip.Addr) (net.HardwareAddr, string) {
 	sc := bufio.NewScanner(r)
 	sc.Scan() // the header
 	want := ip.String()
@@ -48,7 +63,11 @@ func parseARP(r io.Reader, ip netip.Addr) net.HardwareAddr {
 		if err != nil || bytes.Equal(mac, make([]byte, 6)) {
 			continue
 		}
-		return mac
+		dev := ""
+		if len(f) >= 6 {
+			dev = f[5]
+		}
+		return mac, dev
 	}
-	return nil
+	return nil, ""
 }

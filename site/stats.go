@@ -21,3 +21,12 @@ func (s *Site) HTTPStats() (boot.HTTPStats, bool) {
 	}
 	return boot.HTTPStats{}, false
 }
+
+// WitnessStats counts the boot server's nonce and witness refusals; false
+// when it does not run.
+func (s *Site) WitnessStats() (WitnessStats, bool) {
+	if r := s.running.Load(); r != nil && r.boot != nil && r.boot.witness != nil {
+		return r.boot.witness.stats(), true
+	}
+	return WitnessStats{}, false
+}

@@ -57,6 +57,9 @@ type Request struct {
 	Claims protocol.Claims
 	// TPM is the tpm attestor's evidence; Join fills it in with Client.TPM.
 	TPM *protocol.TPMAttestation
+	// Witness is the discovery join's countersignature; Join fills it in
+	// with Client.Witness.
+	Witness *protocol.BootWitness
 }
 
 // RefusedError is a join the control plane refused and that retrying will not fix.
@@ -102,6 +105,9 @@ type Client struct {
 	// TPM proves a tpm join: required with protocol.AttestorTPM (Keys must
 	// then make the node key in the same TPM).
 	TPM TPMProver
+	// Witness, if set, gets the site agent's countersignature of a discovery
+	// join for the CSR's SHA-256 (lowercase hex), once per key.
+	Witness func(ctx context.Context, csrSHA256 string) (*protocol.BootWitness, error)
 }
 
 // TPMProver is the TPM's part of a tpm join (nodekey.Host): round one's
@@ -174,6 +180,11 @@ func (c *Client) Join(ctx context.Context, req Request) (*agent.Identity, *agent
 		}
 		digest := sha256.Sum256(blk.Bytes)
 		if req.TPM, err = c.TPM.Evidence(key.Signer, digest[:]); err != nil {
+			return nil, nil, fmt.Errorf("join: %w", err)
+		}
+	}
+	if c.Witness != nil {
+		if req.Witness, err = c.Witness(ctx, csrSHA); err != nil {
 			return nil, nil, fmt.Errorf("join: %w", err)
 		}
 	}
@@ -307,6 +318,7 @@ func (c *Client) request(req Request, csrPEM, csrSHA string) ([]byte, error) {
 		Site:            req.Site,
 		DaemonVersion:   version.Version,
 		TPM:             req.TPM,
+		Witness:         req.Witness,
 	}
 	if req.Token != "" {
 		plain, err := json.Marshal(protocol.SealedToken{Token: req.Token, CSRSHA256: csrSHA, IssuedAt: time.Now().Unix()})

@@ -24,10 +24,10 @@ func newRamdiskCmd() *cobra.Command {
 		Short: "Run the PXE ramdisk agent (u-root's uinit): join by discovery, deploy, kexec",
 		Long: `bcd ramdisk runs inside the PXE ramdisk a site agent boots. It reads everything from
 the kernel command line (bcd.gateway_url, bcd.server_name, bcd.site, bcd.serving_ca_pin,
-bcd.join_signing_pin, bcd.join_encryption_pin, bcd.boot_nonce, optionally bcd.proxy and
-bcd.log) and exits 2 naming any that is missing or malformed. It loads the kernel
-modules the hardware needs, runs DHCP, joins through the discovery attestor as role
-ramdisk, and runs the control plane's commands until the machine kexecs into its
+bcd.join_signing_pin, bcd.join_encryption_pin, bcd.boot_nonce, optionally bcd.proxy,
+bcd.witness and bcd.log) and exits 2 naming any that is missing or malformed. It loads
+the kernel modules the hardware needs, runs DHCP, asks the site agent at bcd.witness to
+countersign its join, joins through the discovery attestor as role ramdisk, and runs the control plane's commands until the machine kexecs into its
 installed OS, reboots or powers off. It logs JSON lines on the console.`,
 		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {

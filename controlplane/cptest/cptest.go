@@ -3,12 +3,16 @@ package cptest
 import (
 	"context"
 	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -108,15 +112,94 @@ func NewNonce(t testing.TB, s store.Store, site, mac string, ttl time.Duration) 
 	if m, err := s.FindMachineByMAC(context.Background(), mac); err == nil {
 		machine = m.ID
 	}
+	siteNode := EnsureSiteNode(t, s, site)
 	if _, err := s.AddBootNonce(context.Background(), store.BootNonce{Hash: sha256.Sum256([]byte(nonce)), MAC: mac, Site: site,
-		SiteNode: "n_site", MachineID: machine, CreatedAt: now, ExpiresAt: now.Add(ttl)}); err != nil {
+		SiteNode: siteNode, MachineID: machine, CreatedAt: now, ExpiresAt: now.Add(ttl)}); err != nil {
 		t.Fatal(err)
 	}
+	nonceMACs.Store(nonce, witnessed{mac: mac, node: siteNode})
 	return nonce
 }
 
+// The site node NewNonce mints with: its key signs the witnesses
+// DiscoveryRequest attaches.
+var (
+	siteKeyOnce sync.Once
+	siteKey     *ecdsa.PrivateKey
+	nonceMACs   sync.Map // nonce → witnessed
+)
+
+type witnessed struct{ mac, node string }
+
+// SiteKey is the key of the site nodes EnsureSiteNode makes.
+func SiteKey() *ecdsa.PrivateKey {
+	siteKeyOnce.Do(func() {
+		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			panic(err)
+		}
+		siteKey = k
+	})
+	return siteKey
+}
+
+// EnsureSiteNode adds site's site agent node ("n_site_<site>"), whose
+// certificate key is SiteKey, unless it is there, and returns its id.
+func EnsureSiteNode(t testing.TB, s store.Store, site string) string {
+	t.Helper()
+	id := "n_site_" + site
+	if _, err := s.GetNode(context.Background(), id); err == nil {
+		return id
+	}
+	der, err := x509.MarshalPKIXPublicKey(SiteKey().Public())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := sha256.Sum256(der)
+	now := time.Now()
+	n := store.Node{ID: id, Role: protocol.RoleSite, Site: site, SPIFFEID: "spiffe://test/site/" + id,
+		CertSerial: "site-" + id, CertNotAfter: now.Add(24 * time.Hour), CertKeySHA256: hex.EncodeToString(h[:]), State: "ready"}
+	if err := s.Admit(context.Background(), store.Admission{Node: n, Now: now}); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// Witness is the witness the site node of NewNonce signs for nonce and
+// csrSHA256, or nil for a nonce NewNonce did not make; mut changes the
+// payload before it is signed.
+func Witness(nonce, csrSHA256 string, mut func(*protocol.WitnessPayload)) *protocol.BootWitness {
+	v, ok := nonceMACs.Load(nonce)
+	if !ok {
+		return nil
+	}
+	w := v.(witnessed)
+	return SignWitness(SiteKey(), w.node, nonce, csrSHA256, w.mac, mut)
+}
+
+// SignWitness is site node nodeID's witness, signed with key, of a join for
+// nonce, csrSHA256 and mac, as bcd site signs it; mut changes the payload
+// before it is signed.
+func SignWitness(key *ecdsa.PrivateKey, nodeID, nonce, csrSHA256, mac string, mut func(*protocol.WitnessPayload)) *protocol.BootWitness {
+	h := sha256.Sum256([]byte(nonce))
+	p := protocol.WitnessPayload{NodeID: nodeID, NonceSHA256: hex.EncodeToString(h[:]), CSRSHA256: csrSHA256, MAC: mac,
+		IP: "10.20.0.50", Interface: "br0", Checked: true, Time: time.Now().UTC()}
+	if mut != nil {
+		mut(&p)
+	}
+	payload, _ := json.Marshal(p)
+	digest := sha256.Sum256(payload)
+	sig, err := ecdsa.SignASN1(rand.Reader, key, digest[:])
+	if err != nil {
+		panic(err)
+	}
+	der, _ := x509.MarshalPKIXPublicKey(key.Public())
+	return &protocol.BootWitness{Payload: payload, Signature: sig, PublicKey: der}
+}
+
 // DiscoveryRequest builds a ramdisk's join request: attestor discovery,
-// the nonce, and macs as its claims.
+// the nonce, macs as its claims and, for a nonce of NewNonce, the minting
+// site node's witness.
 func (a *Agent) DiscoveryRequest(nonce string, macs ...string) *protocol.JoinRequest {
 	return &protocol.JoinRequest{
 		ProtocolVersion: protocol.Version,
@@ -124,6 +207,7 @@ func (a *Agent) DiscoveryRequest(nonce string, macs ...string) *protocol.JoinReq
 		Role:            protocol.RoleRamdisk,
 		Attestor:        protocol.AttestorDiscovery,
 		BootNonce:       nonce,
+		Witness:         Witness(nonce, pki.CSRSHA256(a.CSRDER), nil),
 		Claims:          protocol.Claims{Hostname: "ramdisk", MACs: macs, SystemUUID: "4c4c4544-0000-1010-8000-b2c04f000001", CPUs: 8},
 	}
 }

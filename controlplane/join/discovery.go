@@ -2,7 +2,10 @@ package join
 
 import (
 	"context"
+	"crypto/ecdsa"
 	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -28,6 +31,7 @@ type DiscoveryStore interface {
 	DeferBootNonce(ctx context.Context, h token.Hash, csrSHA256 string, at time.Time) (bool, error)
 	FindMachineByMAC(ctx context.Context, mac string) (store.Machine, error)
 	GetSite(ctx context.Context, name string) (store.Site, error)
+	GetNode(ctx context.Context, id string) (store.Node, error)
 	AddMachineEvent(ctx context.Context, e store.MachineEvent) error
 }
 
@@ -107,9 +111,37 @@ func NewDiscoveryAttestor(st DiscoveryStore) Attestor {
 			return refused(protocol.CodeNonceWrongMAC, "the boot nonce was minted for another MAC than the %d in this join's claims.macs", len(req.Claims.MACs))
 		case req.Site != "" && req.Site != n.Site:
 			return refused(protocol.CodeWrongSite, "the boot nonce was minted by a site agent of site %s, the join says site %s", n.Site, human.Short(req.Site))
+		}
+		if why, err := checkWitness(ctx, st, r, n, deferredHere); err != nil {
+			return Verdict{}, err
+		} else if why != "" {
+			return refused(protocol.CodeNonceNotWitnessed, "the join for %s is not vouched for by the site agent that minted its boot nonce: %s", n.MAC, why)
+		}
+		switch {
 		case m.ID == "":
 			return Verdict{}, refuse(protocol.CodeMachineNotRegistered, "MAC %s is not a machine of site %s (better-compute machines add --site %s --mac %s)",
 				n.MAC, n.Site, n.Site, n.MAC)
+		}
+		// A second ramdisk for a machine whose ramdisk is connected: the
+		// machine cannot run two, so one of them is not the machine. Retryable,
+		// so that a machine power-cycled under its ramdisk joins once the
+		// gateway has seen the old session end.
+		if m.BoundRamdisk != "" && !deferredHere {
+			old, err := st.GetNode(ctx, m.BoundRamdisk)
+			if err != nil && !errors.Is(err, store.ErrNotFound) {
+				return Verdict{}, err
+			}
+			if err == nil && !old.Deleted() && old.SessionID != 0 {
+				e := refusal.New(protocol.CodeMachineHasRamdisk, "machine %s already runs ramdisk node %s, connected now; a second ramdisk claiming it is refused (someone may be spoofing the machine). Once that session ends the join is admitted",
+					m.ID, old.ID)
+				e.Retryable = true
+				data, _ := json.Marshal(map[string]string{"code": protocol.CodeMachineHasRamdisk, "mac": n.MAC, "ramdisk": old.ID, "csr_sha256": r.CSRSHA256})
+				if err := st.AddMachineEvent(ctx, store.MachineEvent{MachineID: m.ID, Time: r.Now, Kind: protocol.MachineEventSpoofed,
+					Message: "a second ramdisk claimed the machine while ramdisk " + old.ID + " is connected: refused", Data: data}); err != nil {
+					return Verdict{}, err
+				}
+				return Verdict{}, e
+			}
 		}
 		site, err := st.GetSite(ctx, m.Site)
 		if err != nil {
@@ -145,6 +177,58 @@ func NewDiscoveryAttestor(st DiscoveryStore) Attestor {
 			Retire:    m.BoundRamdisk,
 		}}, nil
 	})
+}
+
+// checkWitness says why r's witness does not vouch for the join with nonce
+// n, "" when it does: it must be signed by the current certificate key of the
+// site node that minted n, for n, for this join's CSR and for n's MAC, and be
+// recent (unless the join was deferred with this CSR before: the approval may
+// come long after).
+func checkWitness(ctx context.Context, st DiscoveryStore, r *Request, n store.BootNonce, deferredHere bool) (string, error) {
+	w := r.Join.Witness
+	if w == nil {
+		return fmt.Sprintf("the join carries no witness (bcd ramdisk asks the site agent at %s before it joins)", protocol.CmdlineWitness), nil
+	}
+	p, err := protocol.DecodeWitnessPayload(w.Payload)
+	if err != nil {
+		return "the witness payload is not JSON", nil
+	}
+	if p.NodeID != n.SiteNode {
+		return fmt.Sprintf("the witness is signed by node %s, the nonce was minted by site node %s", human.Short(p.NodeID), n.SiteNode), nil
+	}
+	node, err := st.GetNode(ctx, n.SiteNode)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return "site node " + n.SiteNode + " that minted the nonce is gone", nil
+	case err != nil:
+		return "", err
+	case node.Deleted() || node.Role != protocol.RoleSite:
+		return "site node " + n.SiteNode + " that minted the nonce is deleted or no site", nil
+	}
+	keySHA := sha256.Sum256(w.PublicKey)
+	if node.CertKeySHA256 == "" || hex.EncodeToString(keySHA[:]) != node.CertKeySHA256 {
+		return "the witness is not signed with the current certificate key of site node " + n.SiteNode, nil
+	}
+	pub, err := x509.ParsePKIXPublicKey(w.PublicKey)
+	ec, ok := pub.(*ecdsa.PublicKey)
+	if err != nil || !ok {
+		return "the witness's public key is not an ECDSA key", nil
+	}
+	digest := sha256.Sum256(w.Payload)
+	if !ecdsa.VerifyASN1(ec, digest[:], w.Signature) {
+		return "the witness's signature does not verify", nil
+	}
+	switch {
+	case p.NonceSHA256 != hex.EncodeToString(n.Hash[:]):
+		return "the witness is for another boot nonce", nil
+	case p.CSRSHA256 != r.CSRSHA256:
+		return "the witness is for another key (csr_sha256)", nil
+	case p.MAC != n.MAC:
+		return fmt.Sprintf("the site saw the caller as %s, the nonce is %s's", human.Short(p.MAC), n.MAC), nil
+	case !deferredHere && (r.Now.Sub(p.Time) > protocol.WitnessMaxAge || p.Time.Sub(r.Now) > time.Minute):
+		return fmt.Sprintf("the witness was signed at %s, more than %s from now", p.Time.UTC().Format(time.RFC3339), protocol.WitnessMaxAge), nil
+	}
+	return "", nil
 }
 
 // claimsMAC reports whether the claims list mac, in whatever spelling.

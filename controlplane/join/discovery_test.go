@@ -1,6 +1,11 @@
 package join
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/x509"
 	"strings"
 	"sync"
 	"testing"
@@ -9,6 +14,7 @@ import (
 	"github.com/better-compute/bcd/controlplane/cptest"
 	"github.com/better-compute/bcd/controlplane/httpjson"
 	"github.com/better-compute/bcd/controlplane/store"
+	"github.com/better-compute/bcd/pki"
 	"github.com/better-compute/bcd/protocol"
 )
 
@@ -186,7 +192,13 @@ func TestDiscoveryNonceSingleUseUnderConcurrency(t *testing.T) {
 		t.Fatalf("%d joins won, want exactly 1", won)
 	}
 	got, _ := f.st.GetMachine(ctx, m.ID)
-	nodes, _ := f.st.ListNodes(ctx)
+	all, _ := f.st.ListNodes(ctx)
+	var nodes []store.Node
+	for _, n := range all {
+		if n.Role == protocol.RoleRamdisk {
+			nodes = append(nodes, n)
+		}
+	}
 	if len(nodes) != 1 || got.BoundRamdisk != nodes[0].ID {
 		t.Errorf("nodes %d, machine's bound ramdisk %s", len(nodes), got.BoundRamdisk)
 	}
@@ -282,5 +294,111 @@ func TestProvisionedBindsTheMachine(t *testing.T) {
 		r.Claims.SystemUUID = ""
 	})); err != nil {
 		t.Errorf("join of a deleted machine's OS: %v", err)
+	}
+}
+
+// TestDiscoveryWitness: a join whose nonce the minting site agent did not
+// countersign for this key and this MAC is refused with NONCE_NOT_WITNESSED,
+// on the machine's timeline, and the nonce stays usable by the witnessed join.
+func TestDiscoveryWitness(t *testing.T) {
+	f := discoveryFixture(t)
+	m := cptest.NewMachine(t, f.st, nil)
+	nonce := cptest.NewNonce(t, f.st, cptest.Site, cptest.MAC, time.Minute)
+	a := cptest.NewAgent(t)
+	csr := pki.CSRSHA256(a.CSRDER)
+	other := cptest.NewAgent(t)
+	otherNonce := cptest.NewNonce(t, f.st, cptest.Site, cptest.MAC, time.Minute)
+	forged, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		w    func() *protocol.BootWitness
+		want string
+	}{
+		{"none", func() *protocol.BootWitness { return nil }, "carries no witness"},
+		{"another key's", func() *protocol.BootWitness { return cptest.Witness(nonce, pki.CSRSHA256(other.CSRDER), nil) }, "another key"},
+		{"another nonce's", func() *protocol.BootWitness { return cptest.Witness(otherNonce, csr, nil) }, "another boot nonce"},
+		{"another MAC seen", func() *protocol.BootWitness {
+			return cptest.Witness(nonce, csr, func(p *protocol.WitnessPayload) { p.MAC = "52:54:00:de:ad:01" })
+		}, "the site saw the caller as"},
+		{"another site node", func() *protocol.BootWitness {
+			return cptest.Witness(nonce, csr, func(p *protocol.WitnessPayload) { p.NodeID = "n_other" })
+		}, "signed by node"},
+		{"stale", func() *protocol.BootWitness {
+			return cptest.Witness(nonce, csr, func(p *protocol.WitnessPayload) { p.Time = time.Now().Add(-time.Hour) })
+		}, "more than"},
+		{"tampered payload", func() *protocol.BootWitness {
+			w := cptest.Witness(nonce, csr, nil)
+			w.Payload = []byte(strings.Replace(string(w.Payload), "10.20.0.50", "10.20.0.66", 1))
+			return w
+		}, "does not verify"},
+		{"a key not the site's", func() *protocol.BootWitness {
+			w := cptest.Witness(nonce, csr, nil)
+			digest := sha256.Sum256(w.Payload)
+			w.Signature, _ = ecdsa.SignASN1(rand.Reader, forged, digest[:])
+			w.PublicKey, _ = x509.MarshalPKIXPublicKey(forged.Public())
+			return w
+		}, "not signed with the current certificate key"},
+	} {
+		req := a.DiscoveryRequest(nonce, cptest.MAC)
+		req.Witness = tc.w()
+		_, err := f.svc.Join(ctx, req)
+		if code(err) != protocol.CodeNonceNotWitnessed || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %s (%q)", tc.name, err, protocol.CodeNonceNotWitnessed, tc.want)
+		}
+	}
+	evs, _ := f.st.MachineEvents(ctx, m.ID, 0)
+	refusals := 0
+	for _, e := range evs {
+		if e.Kind == protocol.MachineEventJoinRefused && strings.Contains(string(e.Data), protocol.CodeNonceNotWitnessed) {
+			refusals++
+		}
+	}
+	if refusals != 8 {
+		t.Errorf("%d %s refusals on the timeline, want 8", refusals, protocol.CodeNonceNotWitnessed)
+	}
+	if _, err := f.svc.Join(ctx, a.DiscoveryRequest(nonce, cptest.MAC)); err != nil {
+		t.Fatalf("the witnessed join: %v", err)
+	}
+}
+
+// TestDiscoverySecondRamdiskRefused: while the machine's ramdisk has a session,
+// another ramdisk's join, witnessed or not, is refused MACHINE_HAS_RAMDISK
+// (retryable) and the machine's timeline says someone claims it; once the
+// session ends, a new boot's ramdisk joins.
+func TestDiscoverySecondRamdiskRefused(t *testing.T) {
+	f := discoveryFixture(t)
+	m := cptest.NewMachine(t, f.st, nil)
+	_, err := f.svc.Join(ctx, cptest.NewAgent(t).DiscoveryRequest(cptest.NewNonce(t, f.st, cptest.Site, cptest.MAC, time.Minute), cptest.MAC))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := f.st.GetMachine(ctx, m.ID)
+	sid, err := f.st.OpenSession(ctx, store.Session{NodeID: got.BoundRamdisk, Role: protocol.RoleRamdisk, ProtocolVersion: protocol.Version, ConnectedAt: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := cptest.NewAgent(t).DiscoveryRequest(cptest.NewNonce(t, f.st, cptest.Site, cptest.MAC, time.Minute), cptest.MAC)
+	_, err = f.svc.Join(ctx, second)
+	if code(err) != protocol.CodeMachineHasRamdisk || !httpjson.Response(err).Retryable {
+		t.Fatalf("a second ramdisk: %v, want retryable %s", err, protocol.CodeMachineHasRamdisk)
+	}
+	evs, _ := f.st.MachineEvents(ctx, m.ID, 0)
+	spoofed := 0
+	for _, e := range evs {
+		if e.Kind == protocol.MachineEventSpoofed {
+			spoofed++
+		}
+	}
+	if spoofed != 1 {
+		t.Errorf("%d %s events, want 1", spoofed, protocol.MachineEventSpoofed)
+	}
+	if err := f.st.CloseSession(ctx, sid, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.svc.Join(ctx, second); err != nil {
+		t.Fatalf("after the first ramdisk's session ended: %v", err)
 	}
 }

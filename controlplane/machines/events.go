@@ -26,6 +26,7 @@ type EventStore interface {
 	RecordBoot(ctx context.Context, site, mac, stage string, ev store.MachineEvent) (string, error)
 	RecordBoots(ctx context.Context, site string, steps []store.BootStep) ([]string, error)
 	AddBootNonce(ctx context.Context, n store.BootNonce) (bool, error)
+	AddMachineEvent(ctx context.Context, e store.MachineEvent) error
 	FindMachineByMAC(ctx context.Context, mac string) (store.Machine, error)
 }
 
@@ -66,8 +67,43 @@ func (e *Events) Event(ctx context.Context, node store.Node, ev protocol.Event) 
 		return ev, e.booted(ctx, node, ev)
 	case protocol.EventBootNonce:
 		return e.nonce(ctx, node, ev)
+	case protocol.EventBootRefused:
+		return ev, e.bootRefused(ctx, node, ev)
 	}
 	return ev, nil
+}
+
+// bootRefused puts a site agent's refusal of a nonce or witness on the
+// timeline of the machine whose MAC was claimed: someone on the VLAN may be
+// spoofing it. A replayed event adds a second entry; that is all it costs.
+func (e *Events) bootRefused(ctx context.Context, node store.Node, ev protocol.Event) error {
+	var b protocol.BootRefused
+	if err := json.Unmarshal(ev.Data, &b); err != nil {
+		e.log().Warn("boot.refused: ignoring malformed data", "node", node.ID, "err", err)
+		return nil
+	}
+	mac, err := protocol.NormalizeMAC(b.MAC)
+	if err != nil {
+		return nil
+	}
+	m, err := e.Store.FindMachineByMAC(ctx, mac)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil
+	case err != nil:
+		return err
+	case m.Site != node.Site:
+		return nil
+	}
+	e.log().Warn("boot.refused: the site agent refused a client claiming a machine (spoofing?)", "node", node.ID, "machine", m.ID,
+		"mac", mac, "ip", human.Short(b.IP), "neighbor_mac", human.Short(b.NeighborMAC), "count", b.Count)
+	data, _ := json.Marshal(b)
+	msg := fmt.Sprintf("site agent %s refused %s (claiming %s): %s", node.ID, human.Short(b.IP), mac, human.Short(b.Reason))
+	if b.Count > 1 {
+		msg += fmt.Sprintf(" (×%d)", b.Count)
+	}
+	return e.Store.AddMachineEvent(ctx, store.MachineEvent{MachineID: m.ID, Time: e.now(), Kind: protocol.EventBootRefused,
+		Message: msg, NodeID: node.ID, Data: data})
 }
 
 // Events is Event for a batch of node's events, in order, with the boot steps
@@ -234,7 +270,7 @@ func (e *Events) nonce(ctx context.Context, node store.Node, ev protocol.Event) 
 		// In the nonce's own transaction: added apart, a gateway stopped
 		// between the two left the nonce without its timeline entry, and the
 		// replayed event found the nonce and added nothing.
-		data, _ := json.Marshal(map[string]any{"mac": mac, "expires_at": stored.ExpiresAt})
+		data, _ := json.Marshal(map[string]any{"mac": mac, "expires_at": stored.ExpiresAt, "ip": b.IP, "interface": b.Interface})
 		n.Event = &store.MachineEvent{MachineID: machine, Time: now, Kind: protocol.EventBootNonce,
 			Message: fmt.Sprintf("boot nonce minted for %s, valid until %s", mac, stored.ExpiresAt.Format(time.RFC3339)),
 			NodeID:  node.ID, Data: data}

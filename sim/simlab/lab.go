@@ -71,6 +71,10 @@ type Lab struct {
 	// serve (--metrics-listen) and bcd site ([metrics] listen) serve
 	// /metrics; Metrics scrapes them.
 	MetricsServe, MetricsSite string
+	// CheckNeighbors leaves [boot] trust_any_neighbor off: the site agent
+	// then checks every client against its neighbour table, which sim's
+	// machines (one interface, one MAC) do not pass.
+	CheckNeighbors bool
 
 	site, simNS      *testbed.Netns
 	serve, siteAgent *testbed.Process
@@ -247,6 +251,12 @@ func (l *Lab) startSite(ctx context.Context) error {
 		return err
 	}
 	l.siteConf = filepath.Join(dir, "etc", "config.toml")
+	// The simulated machines share one interface, so one MAC: the neighbour
+	// table cannot tell them apart.
+	trustAny := "trust_any_neighbor = true\n"
+	if l.CheckNeighbors {
+		trustAny = ""
+	}
 	cfg := fmt.Sprintf(`gateway_url = "https://%s"
 site = %q
 %sdata_dir = %q
@@ -264,11 +274,11 @@ tftp = "%s:69"
 tftp_root = %q
 interface = "boot0"
 ramdisk_dir = %q
-
+%s
 [plugins]
 dir = %q
 `, gwAddr, siteName, pins, filepath.Join(dir, "data"), filepath.Join(dir, "bcd.sock"),
-		bootHTTP, bootHTTP, SiteIP, SiteIP, filepath.Join(dir, "tftp"), filepath.Join(dir, "ramdisk"), filepath.Join(dir, "plugins"))
+		bootHTTP, bootHTTP, SiteIP, SiteIP, filepath.Join(dir, "tftp"), filepath.Join(dir, "ramdisk"), trustAny, filepath.Join(dir, "plugins"))
 	if l.MetricsSite != "" {
 		cfg += fmt.Sprintf("\n[metrics]\nlisten = %q\n", l.MetricsSite)
 	}

@@ -47,7 +47,7 @@ var (
 var (
 	attestors = []string{protocol.AttestorJoinToken, protocol.AttestorDiscovery, protocol.AttestorTPM, protocol.AttestorProvisioned}
 	roles     = []string{protocol.RoleSite, protocol.RoleRamdisk, protocol.RoleNode}
-	events    = []string{protocol.EventMachineBooted, protocol.EventBootNonce, protocol.EventLog, protocol.EventSectionStatus}
+	events    = []string{protocol.EventMachineBooted, protocol.EventBootNonce, protocol.EventBootRefused, protocol.EventLog, protocol.EventSectionStatus}
 	// States are the lifecycle's, each exported even at 0.
 	states = []string{store.MachineRegistered, store.MachinePXEBooting, store.MachineRamdisk, store.MachineDeploying,
 		store.MachineInstalling, store.MachineProvisioned, store.MachineFailed}

@@ -32,6 +32,8 @@ type Collector struct {
 
 	eventsJournaled, eventsCoalesced, eventsDropped, eventsNoMAC *prometheus.Desc
 
+	witnessRefused, witnessLimited, witnessSigned *prometheus.Desc
+
 	bmcDuration *prometheus.HistogramVec
 	bmcFailures *prometheus.CounterVec
 }
@@ -74,6 +76,10 @@ func New(s *site.Site) *Collector {
 		eventsDropped:   desc("events_dropped_total", "Serves whose machine.booted event was lost: the journal refused it, or the tracking table overflowed."),
 		eventsNoMAC:     desc("events_no_mac_total", "Serves to a client address no MAC is known for: no event."),
 
+		witnessRefused: desc("boot_witness_refused_total", "Boot nonces and join witnesses refused: the neighbour table has another MAC, or none, for the client (spoofing?)."),
+		witnessLimited: desc("boot_nonce_rate_limited_total", "Boot nonces refused because the MAC or the client address asked too often."),
+		witnessSigned:  desc("boot_witness_signed_total", "Ramdisk joins the site agent countersigned."),
+
 		bmcDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: Namespace, Name: "bmc_operation_duration_seconds",
 			Help:    "How long each BMC operation took through its driver (the bcx-ipmi plugin), failed ones included, by op.",
@@ -107,6 +113,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.tftpTransfers, c.tftpBytes, c.tftpErrors, c.tftpWaits, c.tftpFailed, c.tftpInvalid, c.tftpRepeats, c.tftpRetransmits,
 		c.httpRequests, c.httpBytes, c.httpResponses, c.httpStalled, c.httpTooSlow, c.httpConns, c.httpOpen,
 		c.eventsJournaled, c.eventsCoalesced, c.eventsDropped, c.eventsNoMAC,
+		c.witnessRefused, c.witnessLimited, c.witnessSigned,
 	} {
 		ch <- d
 	}
@@ -160,6 +167,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.eventsCoalesced, ev.Coalesced)
 	counter(c.eventsDropped, ev.Dropped)
 	counter(c.eventsNoMAC, ev.NoMAC)
+	if st, ok := c.site.WitnessStats(); ok {
+		counter(c.witnessRefused, st.Refused)
+		counter(c.witnessLimited, st.RateLimited)
+		counter(c.witnessSigned, st.Witnessed)
+	}
 	c.bmcDuration.Collect(ch)
 	c.bmcFailures.Collect(ch)
 }
