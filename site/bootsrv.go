@@ -106,6 +106,9 @@ func (s *Site) openBoot() (_ *bootServers, err error) {
 			id := s.renewer.Current()
 			return id.NodeID, id.Key()
 		})}
+	if bs.witness.nonceKey, err = loadWitnessKey(s.dataDir); err != nil {
+		return nil, err
+	}
 	kernel, initrd := b.Kernel, b.Initrd
 	base := strings.TrimSuffix(b.URL, "/")
 	if kernel == "" && b.RamdiskDir != "" {

@@ -525,15 +525,11 @@ func (e *errNonceNotJournaled) Error() string {
 }
 func (e *errNonceNotJournaled) Unwrap() error { return e.err }
 
-// MintNonce mints a nonce for mac, seen at ip on iface, and journals its
-// boot.nonce event (sending it when the session is up) before returning it, so
+// MintNonce journals the boot.nonce event of nonce, minted for mac seen at ip
+// on iface (sending it when the session is up), before it returns, so
 // the control plane hears of every nonce before the script that carries it
 // leaves. The nonce itself is never logged.
-func (r *reporter) MintNonce(mac net.HardwareAddr, ip netip.Addr, iface string) (string, error) {
-	nonce, err := protocol.NewBootNonce()
-	if err != nil {
-		return "", err
-	}
+func (r *reporter) MintNonce(mac net.HardwareAddr, ip netip.Addr, iface, nonce string) error {
 	now := r.now().UTC()
 	bn := protocol.BootNonce{MAC: mac.String(), Nonce: nonce, ExpiresAt: now.Add(protocol.BootNonceLifetime), Interface: iface}
 	if ip.IsValid() {
@@ -541,12 +537,12 @@ func (r *reporter) MintNonce(mac net.HardwareAddr, ip netip.Addr, iface string) 
 	}
 	data, err := json.Marshal(bn)
 	if err != nil {
-		return "", err
+		return err
 	}
 	if err := r.sink.Event(protocol.Event{Kind: protocol.EventBootNonce, Time: now, Level: "info",
 		Message: "boot nonce for " + bn.MAC, Data: data}); err != nil {
 		r.log.Error("boot: cannot journal a boot nonce; refusing the ramdisk script", "mac", bn.MAC, "error", err.Error())
-		return "", &errNonceNotJournaled{err}
+		return &errNonceNotJournaled{err}
 	}
-	return nonce, nil
+	return nil
 }

@@ -70,6 +70,9 @@ type witness struct {
 	now      func() time.Time
 	// signer is the site's node id and key now (after renewals).
 	signer func() (string, crypto.Signer)
+	// nonceKey, when set, authenticates the nonces minted (witnessnonce.go),
+	// so that one minted before a restart is still known after it.
+	nonceKey []byte
 
 	refused, limited, witnessed atomic.Uint64
 	logLimit                    lograte.Limiter
@@ -182,8 +185,18 @@ func (w *witness) mint(r *http.Request, mac net.HardwareAddr) (string, error) {
 		return "", &boot.RefusedError{Status: http.StatusTooManyRequests,
 			Message: "refusing a boot nonce for " + mac.String() + ": asked too often; wait and PXE-boot again"}
 	}
-	nonce, err := w.events.MintNonce(mac, ev.ip, ev.iface)
+	expires := now.Add(protocol.BootNonceLifetime)
+	var nonce string
+	var err error
+	if w.nonceKey != nil {
+		nonce, err = newKeyedNonce(w.nonceKey, mac, expires)
+	} else {
+		nonce, err = protocol.NewBootNonce()
+	}
 	if err != nil {
+		return "", err
+	}
+	if err := w.events.MintNonce(mac, ev.ip, ev.iface, nonce); err != nil {
 		return "", err
 	}
 	h := sha256.Sum256([]byte(nonce))
@@ -195,7 +208,7 @@ func (w *witness) mint(r *http.Request, mac net.HardwareAddr) (string, error) {
 		// One live nonce per machine: the site vouches for the newest only.
 		delete(w.minted, old)
 	}
-	w.minted[h] = mintedNonce{mac: mac.String(), ip: ev.ip, iface: ev.iface, expiresAt: now.Add(protocol.BootNonceLifetime)}
+	w.minted[h] = mintedNonce{mac: mac.String(), ip: ev.ip, iface: ev.iface, expiresAt: expires}
 	w.latest[mac.String()] = h
 	w.mu.Unlock()
 	return nonce, nil
@@ -313,6 +326,18 @@ func (w *witness) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	now := w.now()
 	w.mu.Lock()
 	n, ok := w.minted[h]
+	if !ok && w.nonceKey != nil {
+		// Minted before this process started (or forgotten when the table
+		// was full): its tag says it is ours and for which MAC. It is that
+		// MAC's live one unless a newer was minted since.
+		if mac, exp, valid := openKeyedNonce(w.nonceKey, req.BootNonce); valid {
+			if _, newer := w.latest[mac.String()]; !newer {
+				n, ok = mintedNonce{mac: mac.String(), expiresAt: exp}, true
+				w.minted[h] = n
+				w.latest[n.mac] = h
+			}
+		}
+	}
 	if ok && (!now.Before(n.expiresAt) || w.latest[n.mac] != h) {
 		ok = false
 	}

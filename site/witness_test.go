@@ -16,6 +16,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -255,5 +257,78 @@ func TestWitness(t *testing.T) {
 	f.now = f.now.Add(protocol.BootNonceLifetime)
 	if rec := ask(nonce, "10.20.0.50:40001"); rec.Code != 403 {
 		t.Errorf("an expired nonce: %d", rec.Code)
+	}
+}
+
+// TestWitnessAfterARestart: a site agent restarted between a machine's script
+// and its join (a new process: no table of live nonces) still witnesses that
+// join, by the nonce's tag under <data_dir>/witness.key; it does not for a
+// nonce of another key, a tampered one, an expired one, or one that a script
+// minted since the restart replaced. Without the key every machine of a storm
+// in that window was refused until it PXE-booted again.
+func TestWitnessAfterARestart(t *testing.T) {
+	dir := t.TempDir()
+	key, err := loadWitnessKey(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := loadWitnessKey(dir)
+	if err != nil || !bytes.Equal(again, key) {
+		t.Fatalf("the key read back differs (%v)", err)
+	}
+	if fi, err := os.Stat(filepath.Join(dir, WitnessKeyFile)); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("witness.key: %v %v", fi, err)
+	}
+	start := func(k []byte) *witnessFixture {
+		f := newWitnessFixture(t)
+		f.bs.witness.nonceKey = k
+		f.neighbour("10.20.0.50", macA, "br0")
+		return f
+	}
+	script := func(f *witnessFixture) string {
+		rec := f.do(http.MethodGet, "/ipxe/"+macA.String()+".ipxe", "10.20.0.50:40000", nil)
+		m := nonceRE.FindStringSubmatch(rec.Body.String())
+		if m == nil {
+			t.Fatalf("no nonce: %d %s", rec.Code, rec.Body)
+		}
+		return m[1]
+	}
+	ask := func(f *witnessFixture, nonce string) int {
+		body, _ := json.Marshal(protocol.WitnessRequest{BootNonce: nonce, CSRSHA256: strings.Repeat("ab", 32)})
+		return f.do(http.MethodPost, protocol.WitnessPath, "10.20.0.50:40001", body).Code
+	}
+
+	before := start(key)
+	nonce := script(before)
+	if !protocol.ValidBootNonce(nonce) {
+		t.Fatalf("nonce %q is not a valid boot nonce", nonce)
+	}
+	if got := ask(start(key), nonce); got != 200 {
+		t.Errorf("after a restart: %d, want 200", got)
+	}
+	other := make([]byte, len(key))
+	if got := ask(start(other), nonce); got != 403 {
+		t.Errorf("a site agent with another key: %d, want 403", got)
+	}
+	raw := []byte(nonce)
+	raw[len(raw)-2] ^= 1
+	if got := ask(start(key), string(raw)); got != 403 {
+		t.Errorf("a tampered nonce: %d, want 403", got)
+	}
+	late := start(key)
+	late.now = late.now.Add(protocol.BootNonceLifetime + time.Second)
+	if got := ask(late, nonce); got != 403 {
+		t.Errorf("an expired nonce: %d, want 403", got)
+	}
+	replaced := start(key)
+	script(replaced)
+	if got := ask(replaced, nonce); got != 403 {
+		t.Errorf("a nonce a newer script replaced after the restart: %d, want 403", got)
+	}
+	if err := os.WriteFile(filepath.Join(dir, WitnessKeyFile), []byte("short"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := loadWitnessKey(dir); err == nil || !strings.Contains(err.Error(), "want 32") {
+		t.Errorf("a short key file: %v", err)
 	}
 }
