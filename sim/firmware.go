@@ -21,6 +21,7 @@ import (
 
 	"github.com/better-compute/bcd/agent"
 	"github.com/better-compute/bcd/internal/spawn"
+	"github.com/better-compute/bcd/internal/syncbuf"
 )
 
 // The machines' firmware (DHCP, TFTP, the iPXE script, kernel and initrd) runs in
@@ -273,7 +274,7 @@ type firmwareProc struct {
 	// done is closed when the child's stdout ends; err says why.
 	done chan struct{}
 	err  error
-	tail *tailBuffer
+	tail *syncbuf.Tail
 }
 
 // startFirmware starts the firmware child for f's machines (command: argv, or this
@@ -286,7 +287,7 @@ func startFirmware(ctx context.Context, f *fleet, argv []string) (*firmwareProc,
 		}
 		argv = append([]string{exe}, FirmwareArgs...)
 	}
-	p := &firmwareProc{wait: map[uint64]chan fwAnswer{}, done: make(chan struct{}), tail: &tailBuffer{max: 4 << 10}}
+	p := &firmwareProc{wait: map[uint64]chan fwAnswer{}, done: make(chan struct{}), tail: &syncbuf.Tail{Max: 4 << 10}}
 	p.cmd = exec.Command(argv[0], argv[1:]...)
 	var logw io.Writer = io.Discard
 	if f.cfg.Log != nil {
@@ -501,27 +502,4 @@ func (c *ipClients) get(ctx context.Context, ip netip.Addr, u string) (*http.Res
 		return nil, fmt.Errorf("%s", resp.Status)
 	}
 	return resp, nil
-}
-
-// tailBuffer keeps the last max bytes written to it.
-type tailBuffer struct {
-	mu  sync.Mutex
-	max int
-	b   []byte
-}
-
-func (t *tailBuffer) Write(p []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.b = append(t.b, p...)
-	if len(t.b) > t.max {
-		t.b = append(t.b[:0], t.b[len(t.b)-t.max:]...)
-	}
-	return len(p), nil
-}
-
-func (t *tailBuffer) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return string(t.b)
 }

@@ -32,6 +32,7 @@ import (
 	"time"
 
 	"github.com/better-compute/bcd/internal/spawn"
+	"github.com/better-compute/bcd/internal/syncbuf"
 	"github.com/better-compute/bcd/sim"
 	"github.com/better-compute/bcd/testbed"
 )
@@ -384,7 +385,7 @@ func (l *Lab) Run(ctx context.Context, o Options) (*sim.Result, error) {
 		w = &progressTee{all: w, progress: l.Progress}
 	}
 	// sim's last words, for the error when it ends without a result.
-	last := &tailBuffer{max: 4 << 10}
+	last := &syncbuf.Tail{Max: 4 << 10}
 	w = io.MultiWriter(w, last)
 	cmd.Stdout, cmd.Stderr = w, w
 	// Killed with the process that runs the lab, like serve and the site agent.
@@ -596,27 +597,4 @@ func fileSHA256(path string) (string, error) {
 	}
 	s := sha256.Sum256(b)
 	return hex.EncodeToString(s[:]), nil
-}
-
-// tailBuffer keeps the last max bytes written to it.
-type tailBuffer struct {
-	mu  sync.Mutex
-	max int
-	b   []byte
-}
-
-func (t *tailBuffer) Write(p []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.b = append(t.b, p...)
-	if len(t.b) > t.max {
-		t.b = append(t.b[:0], t.b[len(t.b)-t.max:]...)
-	}
-	return len(p), nil
-}
-
-func (t *tailBuffer) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return string(t.b)
 }

@@ -1,11 +1,11 @@
-package simlab
+package syncbuf
 
 import (
 	"strings"
 	"testing"
 )
 
-func TestTailBufferKeepsTheLastBytes(t *testing.T) {
+func TestTailKeepsTheLastBytes(t *testing.T) {
 	for _, c := range []struct {
 		writes []string
 		want   string
@@ -14,7 +14,7 @@ func TestTailBufferKeepsTheLastBytes(t *testing.T) {
 		{[]string{"abcdef", "gh"}, "cdefgh"},
 		{[]string{strings.Repeat("x", 100), "end"}, "xxxend"},
 	} {
-		tb := &tailBuffer{max: 6}
+		tb := &Tail{Max: 6}
 		for _, w := range c.writes {
 			if n, err := tb.Write([]byte(w)); n != len(w) || err != nil {
 				t.Fatalf("Write(%q) = %d, %v", w, n, err)
