@@ -51,7 +51,8 @@ func deployedRamdisk(t *testing.T, s *Server, op *client.Client) (apitype.Machin
 	if er != nil {
 		t.Fatalf("site join: %+v", er)
 	}
-	site := sa.Dial(t, gw, roots, sa.Verify(t, b, jr))
+	siteRes := sa.Verify(t, b, jr)
+	site := sa.Dial(t, gw, roots, siteRes)
 	pw := secretBMC
 	m, err := op.CreateMachine(ctx, apitype.MachineCreate{Site: "fsn1", Name: "r1u1", MACs: []string{cptest.MAC}, BootMode: protocol.BootRamdisk,
 		BMC: &apitype.MachineBMCInput{Address: "10.0.0.5", Username: "root", Password: &pw}})
@@ -72,6 +73,7 @@ func deployedRamdisk(t *testing.T, s *Server, op *client.Client) (apitype.Machin
 	rd := cptest.NewAgent(t)
 	req := rd.DiscoveryRequest(nonce, cptest.MAC)
 	req.Site = "fsn1"
+	req.Witness = cptest.SignWitness(sa.Key, siteRes.NodeID, nonce, pki.CSRSHA256(rd.CSRDER), cptest.MAC, nil)
 	jr, er = cptest.PostJoin(t, hc, gw, req)
 	if er != nil {
 		t.Fatalf("ramdisk join: %+v", er)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"github.com/better-compute/bcd/internal/syncbuf"
@@ -392,9 +393,11 @@ func TestBootFromWelcomeSpec(t *testing.T) {
 			t.Errorf("%s = %q, want %q", k, got, v)
 		}
 	}
+	// 128 random bits, the MAC, the expiry and a tag under witness.key,
+	// base64url (witnessnonce.go).
 	nonce := args[protocol.CmdlineBootNonce]
-	if len(nonce) != 22 {
-		t.Errorf("boot nonce %q is not 128 bits in base64url", nonce)
+	if raw, err := base64.RawURLEncoding.DecodeString(nonce); err != nil || len(raw) != 46 || net.HardwareAddr(raw[16:22]).String() != macA {
+		t.Errorf("boot nonce %q is not a keyed nonce for %s (%v)", nonce, macA, err)
 	}
 	if _, ok := args[protocol.CmdlineProxy]; ok {
 		t.Error("bcd.proxy without an http_proxy section")

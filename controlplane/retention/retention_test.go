@@ -15,6 +15,7 @@ import (
 	"github.com/better-compute/bcd/controlplane/machines"
 	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/controlplane/store/sqlite"
+	"github.com/better-compute/bcd/pki"
 	"github.com/better-compute/bcd/protocol"
 )
 
@@ -75,7 +76,8 @@ func TestBootNonceFloodIsPruned(t *testing.T) {
 	for _, mac := range macs {
 		ms = append(ms, cptest.NewMachine(t, st, func(m *store.Machine) { m.MACs = []string{mac} }))
 	}
-	site := store.Node{ID: "n_site", Role: protocol.RoleSite, Site: cptest.Site}
+	// The site node whose key signs the newest nonce's witness at the end.
+	site := store.Node{ID: cptest.EnsureSiteNode(t, st, cptest.Site), Role: protocol.RoleSite, Site: cptest.Site}
 	const batch, perKind = 256, 1000
 	// About 75 s of CPU (0.75 ms a nonce: the ingest's statements are parsed
 	// for each one); -short floods a fifth.
@@ -176,6 +178,7 @@ func TestBootNonceFloodIsPruned(t *testing.T) {
 	a := cptest.NewAgent(t)
 	req := a.DiscoveryRequest(newest, cptest.MAC)
 	req.Site = cptest.Site
+	req.Witness = cptest.SignWitness(cptest.SiteKey(), site.ID, newest, pki.CSRSHA256(a.CSRDER), cptest.MAC, nil)
 	resp, err := svc.Join(ctx, req)
 	if err != nil {
 		t.Fatalf("the newest nonce does not join after the pruning: %v", err)
