@@ -588,7 +588,12 @@ func TestLifecycleHappyPath(t *testing.T) {
 	}
 
 	// The node reboots: offline, then back with the same identity.
-	node := fm.node
+	var node *conn
+	fm.set(func(fm *fakeMachine) { node = fm.node })
+	if node == nil {
+		// The installed OS's join or dial failed (its error is above).
+		t.Fatal("the installed OS has no session")
+	}
 	node.sess.Close()
 	waitFor(t, "node offline", func() bool { return kinds(l.timeline(fm))[protocol.MachineEventNodeOffline] == 1 })
 	back := dial(t, l.gw(), l.roots(), node.agent, node.res, "os-boot-2")
