@@ -6,6 +6,8 @@ import (
 	"runtime"
 	"testing"
 	"time"
+
+	"github.com/better-compute/bcd/internal/testenv"
 )
 
 // TestStartKilledWithUsOutlivesTheStartingThread: children started from threads
@@ -59,7 +61,7 @@ func TestStartKilledWithUsNice(t *testing.T) {
 		}
 		if err != nil {
 			if delta < 0 && os.Geteuid() != 0 {
-				t.Skipf("a higher priority needs root: %v", err)
+				testenv.Skip(t, "a higher priority needs root: "+err.Error())
 			}
 			t.Fatal(err)
 		}
