@@ -161,8 +161,17 @@ func TestDeployOverAConnectionServeCloses(t *testing.T) {
 // TestRegisterReplacesABusyLeftover: a machine left by an earlier run that did
 // not settle still has its deployment running, and serve refuses its delete
 // MACHINE_BUSY; registration cancels that deployment, deletes the machine and
-// adds it anew (the faults run after a storm that left machines stuck).
+// adds it anew (the faults run after a storm that left machines stuck). The
+// deployment may also end by itself between the refusal and the cancel, which
+// serve then refuses as already ended: the delete is tried again (a faults run
+// failed this way).
 func TestRegisterReplacesABusyLeftover(t *testing.T) {
+	for _, endedMeanwhile := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ended meanwhile %v", endedMeanwhile), func(t *testing.T) { registerBusyLeftover(t, endedMeanwhile) })
+	}
+}
+
+func registerBusyLeftover(t *testing.T, endedMeanwhile bool) {
 	var mu sync.Mutex
 	exists, busy := true, true
 	var calls []string
@@ -193,6 +202,11 @@ func TestRegisterReplacesABusyLeftover(t *testing.T) {
 			}
 		case r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/cancel"):
 			busy = false
+			if endedMeanwhile {
+				w.WriteHeader(http.StatusBadRequest)
+				w.Write([]byte(`{"code":"INVALID_INPUT","message":"machine m_1's deployment dep_1 already ended (failed; state failed)"}`))
+				return
+			}
 			w.Write([]byte(`{}`))
 		default:
 			http.NotFound(w, r)

@@ -512,14 +512,7 @@ func (f *fleet) register(ctx context.Context) error {
 			// Left by an earlier run, by this name or (another --name) with this
 			// MAC: a machine of a run is new.
 			for _, ref := range []string{m.name, m.mac.String()} {
-				err := f.op.deleteMachine(ctx, ref)
-				if errors.As(err, &ae) && ae.Status == http.StatusConflict && strings.Contains(ae.Body, protocol.CodeMachineBusy) {
-					// An earlier run that did not settle left its deployment
-					// running: stopped first, as the refusal says.
-					if err = f.op.cancel(ctx, ref); err == nil {
-						err = f.op.deleteMachine(ctx, ref)
-					}
-				}
+				err := f.deleteLeftover(ctx, ref)
 				if err != nil && !(errors.As(err, &ae) && ae.Status == http.StatusNotFound) {
 					return fmt.Errorf("bcd sim: machine %s exists and does not delete: %w", ref, err)
 				}
@@ -531,6 +524,30 @@ func (f *fleet) register(ctx context.Context) error {
 		}
 		return nil
 	})
+}
+
+// deleteLeftover deletes machine ref left by an earlier run. One whose
+// deployment still runs is cancelled first, as the refusal says; that
+// deployment may end by itself between the refusal and the cancel (the
+// earlier run's lifecycle still works on it), and then the cancel is refused
+// as already ended and the delete is simply tried again.
+func (f *fleet) deleteLeftover(ctx context.Context, ref string) error {
+	var err error
+	for range 3 {
+		err = f.op.deleteMachine(ctx, ref)
+		var ae *APIError
+		if !(errors.As(err, &ae) && ae.Status == http.StatusConflict && strings.Contains(ae.Body, protocol.CodeMachineBusy)) {
+			return err
+		}
+		err = f.op.cancel(ctx, ref)
+		if errors.As(err, &ae) && ae.Status == http.StatusBadRequest && strings.Contains(ae.Body, protocol.CodeInvalidInput) {
+			continue // ended meanwhile
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return err
 }
 
 func (f *fleet) deployAll(ctx context.Context, img *image) error {
