@@ -402,19 +402,24 @@ func TestReclaimEndsTheOldSession(t *testing.T) {
 	op := operator(t, s, out)
 	op.CreateSite(ctx, "fsn1")
 	hc := gatewayClient(s, nil)
-	join := func(allowReclaim bool) (*cptest.Agent, protocol.JoinResult) {
+	// The reclaim proves the old node's key (as bcd join does after --reset).
+	join := func(allowReclaim bool, old *cptest.Agent, oldID string) (*cptest.Agent, protocol.JoinResult) {
 		tok, err := op.CreateToken(ctx, apitype.TokenCreate{Pool: "p", Site: "fsn1", Role: "node", AllowReclaim: allowReclaim})
 		if err != nil {
 			t.Fatal(err)
 		}
 		a := cptest.NewAgent(t)
-		jr, er := postJoin(t, hc, s.AdvertisedGatewayURL(), a.Request(t, s.Bundle(), "node", tok.Token, nil))
+		jr, er := postJoin(t, hc, s.AdvertisedGatewayURL(), a.Request(t, s.Bundle(), "node", tok.Token, func(r *protocol.JoinRequest) {
+			if old != nil {
+				r.ReclaimProof = a.ReclaimProof(t, old.Key, oldID)
+			}
+		}))
 		if er != nil {
 			t.Fatalf("join: %+v", er)
 		}
 		return a, a.Verify(t, s.Bundle(), jr)
 	}
-	a1, res1 := join(false)
+	a1, res1 := join(false, nil, "")
 	cert1 := a1.ClientCert(t, res1)
 	url := "wss" + strings.TrimPrefix(s.AdvertisedGatewayURL(), "https") + protocol.PathSession
 	ws, _, err := websocket.Dial(ctx, url, &websocket.DialOptions{HTTPClient: gatewayClient(s, &cert1)})
@@ -428,7 +433,7 @@ func TestReclaimEndsTheOldSession(t *testing.T) {
 	if _, _, err := ws.Read(ctx); err != nil {
 		t.Fatal(err)
 	}
-	_, res2 := join(true)
+	_, res2 := join(true, a1, res1.NodeID)
 	if res2.NodeID != res1.NodeID {
 		t.Fatalf("reclaim gave %s, want %s", res2.NodeID, res1.NodeID)
 	}

@@ -1,6 +1,10 @@
 package protocol
 
 import (
+	"crypto"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"regexp"
@@ -67,6 +71,54 @@ type JoinRequest struct {
 	Witness       *BootWitness `json:"witness,omitempty"`
 	Site          string       `json:"site,omitempty"` // from config.toml; a token for another site is refused
 	DaemonVersion string       `json:"daemon_version,omitempty"`
+	// ReclaimProof, when set, proves that the joining agent holds the key of
+	// the node its hardware claims match (see ReclaimProof). Optional: an
+	// older agent sends none, and then a join-token reclaim is refused.
+	ReclaimProof *ReclaimProof `json:"reclaim_proof,omitempty"`
+}
+
+// ReclaimProof is a joining agent's proof of possession of an existing
+// node's key: bcd join signs it with the node.key that bcd join --reset moved
+// aside (in the TPM when the key is there). A join-token join whose claims
+// (system_uuid, tpm_ek) match an existing node reclaims that node only with
+// this proof, with the tpm attestor proving the node's EK, or with a token
+// bound to the node (provisioned attestor); a node whose EK the tpm attestor
+// proved is not reclaimed by this proof.
+//
+// Payload is a ReclaimPayload's JSON; Signature is ASN.1 ECDSA over
+// SHA-256(Payload) by the old node's key, whose DER SubjectPublicKeyInfo is
+// PublicKey. The control plane takes it only when PublicKey is the key of the
+// node's current certificate, Payload names that node and this join's CSR,
+// and Time is within ReclaimProofMaxAge of its clock. Bound to the CSR, a
+// captured proof cannot reclaim for another key; once the reclaim is done the
+// node's key is the CSR's, so the proof cannot be used again.
+type ReclaimProof struct {
+	Payload   []byte `json:"payload"`    // a ReclaimPayload, as signed
+	Signature []byte `json:"signature"`  // over SHA-256(Payload)
+	PublicKey []byte `json:"public_key"` // DER SubjectPublicKeyInfo of the old node's key
+}
+
+// ReclaimPayload is what a ReclaimProof signs.
+type ReclaimPayload struct {
+	Purpose   string    `json:"purpose"`    // PurposeReclaimProof
+	NodeID    string    `json:"node_id"`    // the node whose key signs
+	CSRSHA256 string    `json:"csr_sha256"` // lowercase hex SHA-256 of this join's CSR DER
+	Time      time.Time `json:"time"`       // when the agent signed
+}
+
+// PurposeReclaimProof is ReclaimPayload.Purpose: a signature by a node key
+// over a payload of another purpose is no reclaim proof.
+const PurposeReclaimProof = "reclaim-proof"
+
+// ReclaimProofMaxAge bounds how far from the control plane's clock a
+// ReclaimProof's time may be (either way).
+const ReclaimProofMaxAge = 10 * time.Minute
+
+// DecodeReclaimPayload reads a ReclaimProof's payload.
+func DecodeReclaimPayload(b []byte) (ReclaimPayload, error) {
+	var p ReclaimPayload
+	err := json.Unmarshal(b, &p)
+	return p, err
 }
 
 // SealedToken is the plaintext inside JoinRequest.SealedToken. Binding the token to the
@@ -389,3 +441,23 @@ var nodeIDPattern = regexp.MustCompile(`^[a-z0-9_-]{1,64}$`)
 
 // ValidNodeID reports whether id may name a node (it ends up in a SPIFFE id and paths).
 func ValidNodeID(id string) bool { return nodeIDPattern.MatchString(id) }
+
+// SignReclaimProof is key's ReclaimProof for a join of the CSR whose SHA-256
+// is csrSHA256 (lowercase hex) that reclaims node nodeID, signed at now. key
+// is the old node's key (a crypto.Signer: it may be in a TPM).
+func SignReclaimProof(key crypto.Signer, nodeID, csrSHA256 string, now time.Time) (*ReclaimProof, error) {
+	pub, err := x509.MarshalPKIXPublicKey(key.Public())
+	if err != nil {
+		return nil, fmt.Errorf("reclaim proof: %w", err)
+	}
+	payload, err := json.Marshal(ReclaimPayload{Purpose: PurposeReclaimProof, NodeID: nodeID, CSRSHA256: csrSHA256, Time: now.UTC()})
+	if err != nil {
+		return nil, fmt.Errorf("reclaim proof: %w", err)
+	}
+	digest := sha256.Sum256(payload)
+	sig, err := key.Sign(rand.Reader, digest[:], crypto.SHA256)
+	if err != nil {
+		return nil, fmt.Errorf("reclaim proof: sign with the key of node %s: %w", nodeID, err)
+	}
+	return &ReclaimProof{Payload: payload, Signature: sig, PublicKey: pub}, nil
+}

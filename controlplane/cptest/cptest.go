@@ -2,6 +2,7 @@ package cptest
 
 import (
 	"context"
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -248,6 +249,17 @@ func (a *Agent) Request(t testing.TB, b *pki.Bundle, role, tok string, mut func(
 		mut(req)
 	}
 	return req
+}
+
+// ReclaimProof is the proof that the agent holds key, node nodeID's key,
+// for a join with this agent's CSR, signed now as bcd join signs it.
+func (a *Agent) ReclaimProof(t testing.TB, key crypto.Signer, nodeID string) *protocol.ReclaimProof {
+	t.Helper()
+	p, err := protocol.SignReclaimProof(key, nodeID, pki.CSRSHA256(a.CSRDER), time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 // Seal seals tok bound to csrSHA256 as bcd join does.

@@ -2,6 +2,7 @@ package join
 
 import (
 	"context"
+	"crypto/ecdsa"
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/hex"
@@ -265,8 +266,15 @@ func (s *Service) admit(ctx context.Context, r *Request, adm *Admission) (*proto
 			}
 			if !adm.AllowReclaim {
 				return nil, refuse(protocol.CodeReclaimNotAllowed,
-					"this machine's hardware (%s) belongs to node %s; join with a token that allows reclaim, or delete %s first (better-compute nodes delete %s --yes)",
-					matchedOn(n, uuid, ek), n.ID, n.ID, n.ID)
+					"this machine's hardware (%s) belongs to node %s, and the join token does not allow reclaim; %s",
+					matchedOn(n, uuid, ek), n.ID, reclaimWays(n.ID))
+			}
+			if adm.ProvenEK == "" {
+				// Claims are no proof: a token that allows reclaim takes the
+				// node over only from who holds its key.
+				if err := checkReclaimProof(r, n, uuid, ek); err != nil {
+					return nil, err
+				}
 			}
 			existing, reclaim = n, true
 		case !errors.Is(err, store.ErrNotFound):
@@ -306,7 +314,7 @@ func (s *Service) admit(ctx context.Context, r *Request, adm *Admission) (*proto
 	spiffeID := pki.SPIFFEID(s.Bundle.Public.TrustDomain, adm.Role, nodeID)
 	node := store.Node{
 		ID: nodeID, Role: adm.Role, Site: adm.Site, Pool: adm.Pool, SPIFFEID: spiffeID, Claims: claims,
-		SystemUUID: uuid, TPMEKSHA256: ek, CertSerial: leaf.SerialNumber.Text(16), CertNotAfter: leaf.NotAfter,
+		SystemUUID: uuid, TPMEKSHA256: ek, TPMEKProven: ekProven(adm, existing, reclaim, ek), CertSerial: leaf.SerialNumber.Text(16), CertNotAfter: leaf.NotAfter,
 		CertKeySHA256: KeySHA256(leaf.RawSubjectPublicKeyInfo), State: protocol.NodeAdopting,
 	}
 	err = s.Store.Admit(ctx, store.Admission{TokenID: adm.TokenID, Node: node, Reclaim: reclaim, Now: r.Now,
@@ -408,6 +416,88 @@ func (s *Service) certTTL() time.Duration {
 func KeySHA256(spki []byte) string {
 	sum := sha256.Sum256(spki)
 	return hex.EncodeToString(sum[:])
+}
+
+// ekProven is whether the node's EK, ek, is proven after this join: the
+// attestor proved it, or the node's proven EK stays the same across a reclaim
+// (by a token bound to the node, say), which takes away none of its
+// protection.
+func ekProven(adm *Admission, existing store.Node, reclaim bool, ek string) bool {
+	if ek == "" {
+		return false
+	}
+	return adm.ProvenEK == ek || (reclaim && existing.TPMEKProven && existing.TPMEKSHA256 == ek)
+}
+
+// checkReclaimProof admits a join-token reclaim of node n, which the claims
+// matched, only with the proof of possession of n's key that the request
+// carries (protocol.ReclaimProof): signed by the key of n's current
+// certificate, for n and this join's CSR, and recent. A node whose EK the tpm
+// attestor proved is not reclaimed this way. The refusal (RECLAIM_NOT_ALLOWED)
+// names the node and the three ways to reclaim it.
+func checkReclaimProof(r *Request, n store.Node, uuid, ek string) error {
+	if n.TPMEKProven {
+		return refuse(protocol.CodeReclaimNotAllowed,
+			"this machine's hardware (%s) belongs to node %s, whose TPM endorsement key the tpm attestor proved: only the same TPM "+
+				"(bcd join --attestor tpm) or a token bound to the node (better-compute tokens create --allow-reclaim --node-id %s; bcd join --node-id %s) reclaims it, "+
+				"not the old node's key; or delete it first (better-compute nodes delete %s --yes)",
+			matchedOn(n, uuid, ek), n.ID, n.ID, n.ID, n.ID)
+	}
+	why := reclaimProofProblem(r, n)
+	if why == "" {
+		return nil
+	}
+	return refuse(protocol.CodeReclaimNotAllowed,
+		"this machine's hardware (%s) belongs to node %s, and claims are no proof: %s; %s",
+		matchedOn(n, uuid, ek), n.ID, why, reclaimWays(n.ID))
+}
+
+// reclaimWays is the end of a RECLAIM_NOT_ALLOWED refusal: the three proofs
+// that reclaim node id, and deleting it.
+func reclaimWays(id string) string {
+	return fmt.Sprintf("reclaim it with the same TPM (bcd join --attestor tpm), with the old node's key and a token that allows reclaim "+
+		"(bcd join --reset keeps the key in data_dir, and bcd join signs with it), or with a token bound to it "+
+		"(better-compute tokens create --allow-reclaim --node-id %s; bcd join --node-id %s); or delete it first (better-compute nodes delete %s --yes)",
+		id, id, id)
+}
+
+// reclaimProofProblem says why r's reclaim proof does not prove that the
+// agent holds node n's key, "" when it does.
+func reclaimProofProblem(r *Request, n store.Node) string {
+	p := r.Join.ReclaimProof
+	if p == nil {
+		return "the join carries no proof of the old node's key (reclaim_proof)"
+	}
+	payload, err := protocol.DecodeReclaimPayload(p.Payload)
+	if err != nil {
+		return "the reclaim proof's payload is not JSON"
+	}
+	if payload.Purpose != protocol.PurposeReclaimProof {
+		return fmt.Sprintf("the reclaim proof's purpose is %q, not %q", human.Short(payload.Purpose), protocol.PurposeReclaimProof)
+	}
+	if payload.NodeID != n.ID {
+		return fmt.Sprintf("the reclaim proof is by the key of node %s, not %s", human.Short(payload.NodeID), n.ID)
+	}
+	if n.CertKeySHA256 == "" || KeySHA256(p.PublicKey) != n.CertKeySHA256 {
+		return "the reclaim proof is not signed with the key of node " + n.ID + "'s current certificate"
+	}
+	pub, err := x509.ParsePKIXPublicKey(p.PublicKey)
+	ec, ok := pub.(*ecdsa.PublicKey)
+	if err != nil || !ok {
+		return "the reclaim proof's public key is not an ECDSA key"
+	}
+	digest := sha256.Sum256(p.Payload)
+	if !ecdsa.VerifyASN1(ec, digest[:], p.Signature) {
+		return "the reclaim proof's signature does not verify"
+	}
+	if payload.CSRSHA256 != r.CSRSHA256 {
+		return "the reclaim proof is for another CSR (csr_sha256 " + human.Short(payload.CSRSHA256) + "), not this join's"
+	}
+	if d := r.Now.Sub(payload.Time); d > protocol.ReclaimProofMaxAge || d < -protocol.ReclaimProofMaxAge {
+		return fmt.Sprintf("the reclaim proof was signed at %s, more than %s from the control plane's clock",
+			payload.Time.UTC().Format(time.RFC3339), protocol.ReclaimProofMaxAge)
+	}
+	return ""
 }
 
 func matchedOn(n store.Node, uuid, ek string) string {

@@ -110,12 +110,18 @@ func TestJoinRefusals(t *testing.T) {
 
 	// A node already holds this machine's system UUID.
 	holderTok := mk(nil)
-	holder, err := f.svc.Join(ctx, cptest.NewAgent(t).Request(t, f.b, "node", holderTok, func(r *protocol.JoinRequest) { r.Claims.SystemUUID = "HOLDER-UUID" }))
+	holderAgent := cptest.NewAgent(t)
+	holderResp, err := f.svc.Join(ctx, holderAgent.Request(t, f.b, "node", holderTok, func(r *protocol.JoinRequest) { r.Claims.SystemUUID = "HOLDER-UUID" }))
 	if err != nil {
 		t.Fatal(err)
 	}
-	_ = holder
+	holder := holderAgent.Verify(t, f.b, holderResp)
 	holderClaims := func(r *protocol.JoinRequest) { r.Claims.SystemUUID = "holder-uuid" }
+	// A reclaim with the holder's key: what is refused is the pool or site.
+	holderProof := func(r *protocol.JoinRequest) {
+		holderClaims(r)
+		r.ReclaimProof = a.ReclaimProof(t, holderAgent.Key, holder.NodeID)
+	}
 
 	unknown := strings.Replace(mk(nil), "bcjt_jt_0", "bcjt_jt_1", 1)
 	for _, tc := range []struct {
@@ -132,8 +138,9 @@ func TestJoinRefusals(t *testing.T) {
 		{"wrong role", a.Request(t, f.b, "site", mk(nil), nil), protocol.CodeWrongRole},
 		{"wrong site", a.Request(t, f.b, "node", mk(nil), func(r *protocol.JoinRequest) { r.Site = otherSite }), protocol.CodeWrongSite},
 		{"reclaim not allowed", a.Request(t, f.b, "node", mk(nil), holderClaims), protocol.CodeReclaimNotAllowed},
-		{"reclaim, other pool", a.Request(t, f.b, "node", mk(func(t *store.Token) { t.AllowReclaim = true; t.Pool = "pool_b" }), holderClaims), protocol.CodeWrongPool},
-		{"reclaim, other site", a.Request(t, f.b, "node", mk(func(t *store.Token) { t.AllowReclaim = true; t.Site = otherSite }), holderClaims), protocol.CodeWrongSite},
+		{"reclaim without proof", a.Request(t, f.b, "node", mk(func(t *store.Token) { t.AllowReclaim = true }), holderClaims), protocol.CodeReclaimNotAllowed},
+		{"reclaim, other pool", a.Request(t, f.b, "node", mk(func(t *store.Token) { t.AllowReclaim = true; t.Pool = "pool_b" }), holderProof), protocol.CodeWrongPool},
+		{"reclaim, other site", a.Request(t, f.b, "node", mk(func(t *store.Token) { t.AllowReclaim = true; t.Site = otherSite }), holderProof), protocol.CodeWrongSite},
 		{"unknown attestor", a.Request(t, f.b, "node", mk(nil), func(r *protocol.JoinRequest) { r.Attestor = "magic" }), protocol.CodeAttestorRefused},
 		{"tpm not enabled", a.Request(t, f.b, "node", mk(nil), func(r *protocol.JoinRequest) { r.Attestor = protocol.AttestorTPM }), protocol.CodeAttestorRefused},
 		{"bound token without node id", a.Request(t, f.b, "node", bound, nil), protocol.CodeAttestorRefused},
@@ -202,6 +209,7 @@ func TestReclaim(t *testing.T) {
 	r2, err := f.svc.Join(ctx, a2.Request(t, f.b, "node", again, func(r *protocol.JoinRequest) {
 		claims(r)
 		r.Claims.SystemUUID = "a-new-board"
+		r.ReclaimProof = a2.ReclaimProof(t, a1.Key, res1.NodeID)
 	}))
 	if err != nil {
 		t.Fatal(err)

@@ -482,7 +482,8 @@ func TestPoolPolicyRefusesTokenJoin(t *testing.T) {
 }
 
 // TestTokenJoinOfTPMHardwareNeedsAllowReclaim: a token join whose claims
-// carry the EK of an existing node is a reclaim, which the token must allow.
+// carry the EK of an existing node is a reclaim, which the token must allow
+// (and the old node's key prove: the EK was only claimed).
 func TestTokenJoinOfTPMHardwareNeedsAllowReclaim(t *testing.T) {
 	f := newFixture(t)
 	ekPEM := string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: cptest.NewAgent(t).CSRDER}))
@@ -499,11 +500,76 @@ func TestTokenJoinOfTPMHardwareNeedsAllowReclaim(t *testing.T) {
 	refused(t, "without allow_reclaim", err, protocol.CodeReclaimNotAllowed, "TPM endorsement key")
 	_, third := cptest.NewToken(t, f.st, func(t *store.Token) { t.AllowReclaim = true })
 	b := cptest.NewAgent(t)
-	resp, err = f.svc.Join(ctx, b.Request(t, f.b, "node", third, claims))
+	resp, err = f.svc.Join(ctx, b.Request(t, f.b, "node", third, func(r *protocol.JoinRequest) {
+		claims(r)
+		r.ReclaimProof = b.ReclaimProof(t, a.Key, res.NodeID)
+	}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got := b.Verify(t, f.b, resp); got.NodeID != res.NodeID {
 		t.Errorf("reclaim gave %s, want %s", got.NodeID, res.NodeID)
 	}
+}
+
+// TestProvenEKReclaimedOnlyByTheTPM: a node whose EK the tpm attestor proved
+// is not taken over by a token join that claims its EK and proves its old
+// node key (signed in the TPM) but not the TPM; the same TPM reclaims it, and
+// so does a token bound to the node.
+func TestProvenEKReclaimedOnlyByTheTPM(t *testing.T) {
+	f := newTPMFixture(t)
+	n := newTPMNode(t, startSwtpm(t))
+	if err := f.st.EnrollTPM(ctx, store.TPMEnrollment{EKSHA256: n.ekHash(), Site: cptest.Site, Pool: cptest.Pool, CreatedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	first := n.join(t, f)
+	if got, _ := f.st.GetNode(ctx, first.NodeID); !got.TPMEKProven || got.TPMEKSHA256 != n.ekHash() {
+		t.Fatalf("after a tpm join: EK %s proven %v, want %s proven", got.TPMEKSHA256, got.TPMEKProven, n.ekHash())
+	}
+	ekPEM := string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: n.ek.PKIX}))
+	tok, secret := cptest.NewToken(t, f.st, func(t *store.Token) { t.AllowReclaim = true })
+	a := cptest.NewAgent(t)
+	_, err := f.svc.Join(ctx, a.Request(t, f.b, "node", secret, func(r *protocol.JoinRequest) {
+		r.Claims.TPMEK = ekPEM
+		r.ReclaimProof = a.ReclaimProof(t, n.key, first.NodeID) // the old node key, in the TPM
+	}))
+	refused(t, "old key without the TPM", err, protocol.CodeReclaimNotAllowed, "whose TPM endorsement key the tpm attestor proved")
+	if err != nil && !strings.Contains(err.Error(), "--node-id "+first.NodeID) {
+		t.Errorf("the refusal does not name the node-bound token: %v", err)
+	}
+	if got, _ := f.st.GetToken(ctx, tok.ID); !got.UsedAt.IsZero() {
+		t.Error("the refused join used the token")
+	}
+
+	// The same TPM, a new node key (bcd join --reset; bcd join --attestor tpm).
+	n.newKey(t)
+	if again := n.join(t, f); again.NodeID != first.NodeID {
+		t.Fatalf("the same TPM joined as %s, want %s", again.NodeID, first.NodeID)
+	}
+
+	// The operator's token bound to the node, with the EK claimed.
+	_, bound := cptest.NewToken(t, f.st, func(t *store.Token) { t.AllowReclaim = true; t.NodeID = first.NodeID })
+	b := cptest.NewAgent(t)
+	resp, err := f.svc.Join(ctx, b.Request(t, f.b, "node", bound, func(r *protocol.JoinRequest) {
+		r.Claims.TPMEK = ekPEM
+		r.Attestor, r.NodeID = protocol.AttestorProvisioned, first.NodeID
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := b.Verify(t, f.b, resp); got.NodeID != first.NodeID {
+		t.Fatalf("the node-bound token gave %s, want %s", got.NodeID, first.NodeID)
+	}
+	// The same EK, now only claimed, keeps its proof: the key proof still
+	// does not take the node over.
+	if got, _ := f.st.GetNode(ctx, first.NodeID); !got.TPMEKProven {
+		t.Error("a node-bound reclaim with the same EK dropped its proven EK")
+	}
+	_, secret2 := cptest.NewToken(t, f.st, func(t *store.Token) { t.AllowReclaim = true })
+	c := cptest.NewAgent(t)
+	_, err = f.svc.Join(ctx, c.Request(t, f.b, "node", secret2, func(r *protocol.JoinRequest) {
+		r.Claims.TPMEK = ekPEM
+		r.ReclaimProof = c.ReclaimProof(t, b.Key, first.NodeID)
+	}))
+	refused(t, "old key after the node-bound reclaim", err, protocol.CodeReclaimNotAllowed, "whose TPM endorsement key the tpm attestor proved")
 }

@@ -101,8 +101,12 @@ type Node struct {
 	Claims   json.RawMessage `json:"claims"`
 	// SystemUUID and TPMEKSHA256 are the claims a reclaim matches on;
 	// placeholder values are stored empty.
-	SystemUUID   string    `json:"system_uuid,omitempty"`
-	TPMEKSHA256  string    `json:"tpm_ek_sha256,omitempty"`
+	SystemUUID  string `json:"system_uuid,omitempty"`
+	TPMEKSHA256 string `json:"tpm_ek_sha256,omitempty"`
+	// TPMEKProven: the tpm attestor proved TPMEKSHA256 (it is not only a
+	// claim). Such a node is reclaimed only by a join that proves the same
+	// EK, or by a token bound to its id, never by its old key's proof.
+	TPMEKProven  bool      `json:"tpm_ek_proven,omitempty"`
 	CertSerial   string    `json:"cert_serial"`
 	CertNotAfter time.Time `json:"cert_not_after"`
 	// CertKeySHA256 is the hex SHA-256 of the current certificate's

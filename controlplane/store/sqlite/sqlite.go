@@ -25,7 +25,7 @@ const DBFile = "better-compute.db"
 // database runs them all. Each is append-only: a released migration is
 // never edited.
 var migrations = []string{schemaV1, schemaV2, schemaV3, schemaV4, schemaV5, schemaV6, schemaV7, schemaV8,
-	schemaRetention}
+	schemaRetention, schemaEKProven}
 
 // schemaVersion is PRAGMA user_version of a database this build has migrated.
 var schemaVersion = len(migrations)
@@ -343,6 +343,16 @@ CREATE TABLE pool_policies (
 	join_attestors TEXT NOT NULL,
 	updated_at     INTEGER NOT NULL
 );
+`
+
+// schemaEKProven records whether the tpm attestor proved a node's EK
+// (store.Node.TPMEKProven). A node from before it counts as proven when its
+// EK is enrolled (only an enrolled EK joins with the tpm attestor), so a
+// key proof does not reclaim a node its TPM may have joined.
+const schemaEKProven = `
+ALTER TABLE nodes ADD COLUMN tpm_ek_proven INTEGER NOT NULL DEFAULT 0;
+UPDATE nodes SET tpm_ek_proven = 1
+	WHERE tpm_ek_sha256 != '' AND tpm_ek_sha256 IN (SELECT ek_sha256 FROM tpm_enrollments);
 `
 
 // sqliteStore is the SQLite Store.

@@ -148,6 +148,44 @@ func TestMigrateFromVersion4(t *testing.T) {
 	}
 }
 
+// TestMigrateEKProven: a node from before tpm_ek_proven counts as proven
+// when its EK is enrolled (the tpm attestor joined it, or could have), and
+// not when its EK was only claimed.
+func TestMigrateEKProven(t *testing.T) {
+	path := filepath.Join(t.TempDir(), DBFile)
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := len(migrations) - 1
+	qs := append([]string{}, migrations[:before]...)
+	node := func(id, ek string) string {
+		return fmt.Sprintf(`INSERT INTO nodes (id, role, site, pool, spiffe_id, claims, tpm_ek_sha256, cert_serial, cert_not_after, state,
+			created_at, updated_at, joined_at) VALUES ('%s', 'node', 'fsn1', 'p', 'x', '{}', '%s', '%s', 1, 'ready', 1, 1, 1)`, id, ek, id)
+	}
+	qs = append(qs, fmt.Sprintf("PRAGMA user_version = %d", before),
+		`INSERT INTO sites (name, created_at) VALUES ('fsn1', 1)`,
+		`INSERT INTO tpm_enrollments (ek_sha256, site, created_at) VALUES ('ek-enrolled', 'fsn1', 1)`,
+		node("n_tpm", "ek-enrolled"), node("n_claimed", "ek-claimed"), node("n_none", ""))
+	for _, q := range qs {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db.Close()
+	s, err := OpenFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for id, want := range map[string]bool{"n_tpm": true, "n_claimed": false, "n_none": false} {
+		n, err := s.GetNode(ctx, id)
+		if err != nil || n.TPMEKProven != want {
+			t.Errorf("migrated %s: proven %v %v, want %v", id, n.TPMEKProven, err, want)
+		}
+	}
+}
+
 // TestOpenRefusesNewerSchema: a database a newer build migrated is left
 // alone, not opened by a build that does not know its schema.
 func TestOpenRefusesNewerSchema(t *testing.T) {
