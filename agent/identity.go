@@ -214,27 +214,40 @@ func LoadIdentity(dataDir string, keys KeyStore) (*Identity, error) {
 		return nil, err
 	}
 	path := filepath.Join(dataDir, IdentityFile)
-	data, err := readLimited(path, MaxIdentitySize, false)
-	if errors.Is(err, fs.ErrNotExist) {
+	id, err := LoadIdentityFiles(path, filepath.Join(dataDir, KeyFile), filepath.Join(dataDir, KeyNextFile), keys)
+	if errors.Is(err, fs.ErrNotExist) && !fileExists(path) {
 		return nil, fmt.Errorf("%s: %w (no %s)", dataDir, ErrNotJoined, IdentityFile)
 	}
+	return id, err
+}
+
+func fileExists(path string) bool {
+	_, err := os.Lstat(path)
+	return err == nil
+}
+
+// LoadIdentityFiles is LoadIdentity of an identity under other names: its
+// identity.json, node.key and node.key.next (a renewal's key, which may be
+// missing) at identityPath, keyPath and keyNextPath. bcd join reads an
+// identity that bcd join --reset moved aside with it.
+func LoadIdentityFiles(identityPath, keyPath, keyNextPath string, keys KeyStore) (*Identity, error) {
+	data, err := readLimited(identityPath, MaxIdentitySize, false)
 	if err != nil {
 		return nil, err
 	}
 	id, err := DecodeIdentity(data)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", dataDir, err)
+		return nil, fmt.Errorf("%s: %w", filepath.Dir(identityPath), err)
 	}
-	if next := loadPending(dataDir, id, keys); next != nil {
+	if next := loadPending(keyPath, keyNextPath, id, keys); next != nil {
 		return next.id, nil
 	}
-	keyPath := filepath.Join(dataDir, KeyFile)
 	key, err := loadKey(keyPath, keys)
 	if err != nil {
 		return nil, err
 	}
 	if !SamePublicKey(key.Public(), id.Leaf().PublicKey) {
-		return nil, fmt.Errorf("%s is not the key the node certificate in %s certifies", keyPath, path)
+		return nil, fmt.Errorf("%s is not the key the node certificate in %s certifies", keyPath, identityPath)
 	}
 	id.key = key
 	return id, nil
@@ -252,7 +265,7 @@ type pending struct {
 // node.key.next (a crash before the promotion) or already in node.key (a crash
 // after it, before identity.json was rewritten). Nil when id has no Next or its
 // key is in neither: then CertChain and node.key are the pair.
-func loadPending(dataDir string, id *Identity, keys KeyStore) *pending {
+func loadPending(keyPath, keyNextPath string, id *Identity, keys KeyStore) *pending {
 	if id.Next == nil {
 		return nil
 	}
@@ -261,10 +274,10 @@ func loadPending(dataDir string, id *Identity, keys KeyStore) *pending {
 		return nil
 	}
 	for _, c := range []struct {
-		file    string
+		path    string
 		keyNext bool
-	}{{KeyNextFile, true}, {KeyFile, false}} {
-		key, err := loadKey(filepath.Join(dataDir, c.file), keys)
+	}{{keyNextPath, true}, {keyPath, false}} {
+		key, err := loadKey(c.path, keys)
 		if err == nil && SamePublicKey(key.Public(), next.Leaf().PublicKey) {
 			next.key = key
 			return &pending{id: next, keyNext: c.keyNext}

@@ -350,7 +350,7 @@ func FinishRenewal(dataDir string, keys KeyStore) (*Identity, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := loadPending(dataDir, id, keys)
+	p := loadPending(filepath.Join(dataDir, KeyFile), filepath.Join(dataDir, KeyNextFile), id, keys)
 	if p == nil {
 		return nil, nil
 	}

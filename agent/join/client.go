@@ -60,6 +60,17 @@ type Request struct {
 	// Witness is the discovery join's countersignature; Join fills it in
 	// with Client.Witness.
 	Witness *protocol.BootWitness
+	// Reclaim, when set, is the key of a node this machine was (the
+	// identity bcd join --reset moved aside): each attempt carries its
+	// protocol.ReclaimProof for the CSR, so that a join whose claims match
+	// that node may take it over.
+	Reclaim *ReclaimKey
+}
+
+// ReclaimKey is an earlier node's id and key.
+type ReclaimKey struct {
+	NodeID string
+	Key    crypto.Signer
 }
 
 // RefusedError is a join the control plane refused and that retrying will not fix.
@@ -256,6 +267,13 @@ func (c *Client) Join(ctx context.Context, req Request) (*agent.Identity, *agent
 				return nil, nil, fmt.Errorf("refusing the join response: %w", err)
 			}
 			return id, key, nil
+		case req.Reclaim != nil && unknownReclaimProof(err):
+			// A control plane older than reclaim_proof refuses the field; it
+			// reclaims on the claims alone, so join without the proof.
+			c.log().Warn("the control plane does not know reclaim_proof (it is older than this bcd); joining without the proof of the node's key",
+				"node", req.Reclaim.NodeID)
+			req.Reclaim = nil
+			continue
 		case errors.As(err, &retry):
 			if failingSince.IsZero() {
 				failingSince = time.Now()
@@ -273,6 +291,14 @@ func (c *Client) Join(ctx context.Context, req Request) (*agent.Identity, *agent
 			return nil, nil, err
 		}
 	}
+}
+
+// unknownReclaimProof reports whether err is a control plane's refusal of
+// reclaim_proof as a field it does not know.
+func unknownReclaimProof(err error) bool {
+	var r *RefusedError
+	return errors.As(err, &r) && r.Response.Code == protocol.CodeInvalidInput &&
+		strings.Contains(r.Response.Message, `unknown field "reclaim_proof"`)
 }
 
 // checkRequest refuses a request whose attestor and credentials do not go together,
@@ -319,6 +345,12 @@ func (c *Client) request(req Request, csrPEM, csrSHA string) ([]byte, error) {
 		DaemonVersion:   version.Version,
 		TPM:             req.TPM,
 		Witness:         req.Witness,
+	}
+	if req.Reclaim != nil {
+		var err error
+		if jr.ReclaimProof, err = protocol.SignReclaimProof(req.Reclaim.Key, req.Reclaim.NodeID, csrSHA, time.Now()); err != nil {
+			return nil, fmt.Errorf("join: %w", err)
+		}
 	}
 	if req.Token != "" {
 		plain, err := json.Marshal(protocol.SealedToken{Token: req.Token, CSRSHA256: csrSHA, IssuedAt: time.Now().Unix()})

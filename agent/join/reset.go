@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/better-compute/bcd/agent"
@@ -87,4 +89,50 @@ func moveForeignJournal(path, nodeID string, now time.Time, log *slog.Logger) (*
 		return nil, err
 	}
 	return &m, nil
+}
+
+// resetSuffix is how the names ResetPlan gives begin after the file's own.
+const resetSuffix = ".reset-"
+
+// MovedIdentity is the newest identity that bcd join --reset moved aside in
+// dataDir and that still loads (identity.json.reset-<time> with the
+// node.key.reset-<time> its certificate certifies, or the node.key.next of a
+// renewal under way), with the key loaded through keys (a key in the TPM
+// signs there); nil when there is none. Its key proves a reclaim of its node
+// (protocol.ReclaimProof). One that does not load is logged and passed over.
+func MovedIdentity(dataDir string, keys agent.KeyStore, log *slog.Logger) *agent.Identity {
+	names, err := filepath.Glob(filepath.Join(dataDir, agent.IdentityFile+resetSuffix+"*"))
+	if err != nil || len(names) == 0 {
+		return nil
+	}
+	type moved struct {
+		suffix, stamp string
+		n             int
+	}
+	var ms []moved
+	for _, name := range names {
+		suffix := strings.TrimPrefix(filepath.Base(name), agent.IdentityFile)
+		stamp, n, _ := strings.Cut(strings.TrimPrefix(suffix, resetSuffix), "-")
+		i, _ := strconv.Atoi(n)
+		ms = append(ms, moved{suffix: suffix, stamp: stamp, n: i})
+	}
+	// Newest first: by the time of the reset, then by the -N a second reset
+	// within the same second got.
+	sort.Slice(ms, func(i, j int) bool {
+		if ms[i].stamp != ms[j].stamp {
+			return ms[i].stamp > ms[j].stamp
+		}
+		return ms[i].n > ms[j].n
+	})
+	for _, m := range ms {
+		id, err := agent.LoadIdentityFiles(filepath.Join(dataDir, agent.IdentityFile+m.suffix),
+			filepath.Join(dataDir, agent.KeyFile+m.suffix), filepath.Join(dataDir, agent.KeyNextFile+m.suffix), keys)
+		if err != nil {
+			log.Warn("an identity bcd join --reset moved aside does not load; not proving its node with it",
+				"identity", agent.IdentityFile+m.suffix, "err", err.Error())
+			continue
+		}
+		return id
+	}
+	return nil
 }

@@ -234,6 +234,7 @@ func Run(ctx context.Context, o Options) error {
 	claims := o.Claims(ctx)
 	var token string
 	var prover TPMProver
+	var reclaim *ReclaimKey
 	if o.Attestor == protocol.AttestorTPM {
 		// No token: the TPM proves the machine. The node key must be made in
 		// the same TPM the evidence comes from.
@@ -258,6 +259,15 @@ func Run(ctx context.Context, o Options) error {
 		}
 		o.Logger.Debug("read the join token", "from", from)
 		token = t
+		if o.Attestor == protocol.AttestorJoinToken {
+			// A token join of this machine's hardware reclaims the node it
+			// was only with proof: the key of the identity --reset moved aside.
+			if old := MovedIdentity(dataDir, o.Keys, o.Logger); old != nil {
+				reclaim = &ReclaimKey{NodeID: old.NodeID, Key: old.Key()}
+				o.Logger.Info("joining with the proof of the key of the node this machine was (moved aside by bcd join --reset); the control plane gives that node back to a join of the same hardware",
+					"node", old.NodeID)
+			}
+		}
 		if o.TPM != nil {
 			// The EK, where there is one, lets a later join of this hardware
 			// reclaim its node.
@@ -296,6 +306,7 @@ func Run(ctx context.Context, o Options) error {
 		NodeID:   o.NodeID,
 		Site:     site,
 		Claims:   claims,
+		Reclaim:  reclaim,
 	})
 	if err != nil {
 		return cli.Exit(1, fmt.Errorf("bcd join: %w", err))

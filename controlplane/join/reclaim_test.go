@@ -200,3 +200,13 @@ func TestReclaimByNodeBoundToken(t *testing.T) {
 		t.Fatalf("the node-bound token gave %s, want %s", res.NodeID, f.nodeID)
 	}
 }
+
+// TestUnknownFieldRefusalNamesTheField: the refusal of a field this control
+// plane does not know names it as bcd join looks for it (a bcd newer than
+// its control plane drops reclaim_proof on `unknown field "reclaim_proof"`).
+func TestUnknownFieldRefusalNamesTheField(t *testing.T) {
+	_, err := DecodeRequest(strings.NewReader(`{"protocol_version":1,"reclaim_proof_v9":{}}`))
+	if code(err) != protocol.CodeInvalidInput || !strings.Contains(err.Error(), `unknown field "reclaim_proof_v9"`) {
+		t.Errorf("unknown field: %v", err)
+	}
+}
