@@ -18,11 +18,18 @@
 //     discovery and tpm attestors plug in without changing this flow. An
 //     attestor may also answer a challenge (the tpm attestor's first round).
 //  4. The pool's policy must allow the attestor (ATTESTOR_NOT_ALLOWED).
-//  5. The node is chosen: the id the attestor bound, else an existing node
-//     whose TPM EK or system UUID matches the claims (a reclaim, allowed
-//     only by a token with allow_reclaim: RECLAIM_NOT_ALLOWED otherwise, and
-//     WRONG_POOL, WRONG_ROLE or WRONG_SITE when the token is for another
-//     pool, role or site than that node), else a new id n_<ULID>.
+//  5. The node is chosen: the id the attestor bound (a token bound to the
+//     node: the operator's decision), else an existing node whose TPM EK or
+//     system UUID matches the claims (a reclaim), else a new id n_<ULID>.
+//     Claims are no proof, so a reclaim needs one (RECLAIM_NOT_ALLOWED,
+//     naming the node and the ways, otherwise): the tpm attestor proved the
+//     node's EK, or a token with allow_reclaim and the request's
+//     reclaim_proof, signed by the key of the node's current certificate
+//     for this CSR and recent (protocol.ReclaimProof; bcd join signs it with
+//     the node.key --reset moved aside). A node whose EK the tpm attestor
+//     proved (tpm_ek_proven) is reclaimed only by the same TPM or a token
+//     bound to it. WRONG_POOL, WRONG_ROLE or WRONG_SITE when the token is for
+//     another pool, role or site than the node.
 //  6. The certificate is issued (spiffe://<trust-domain>/<role>/<node-id>,
 //     90 days) and the node written in the same store transaction that
 //     consumes the token.

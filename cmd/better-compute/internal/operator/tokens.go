@@ -29,7 +29,14 @@ and nothing else, so TOKEN=$(better-compute tokens create …) captures it; the 
 to standard error. The token is shown once: the control plane keeps only its hash.
 
 --node-id binds the token to a node id for the provisioned attestor: an installed OS
-joins with it and bcd join --node-id (and gets that id).`,
+joins with it and bcd join --node-id (and gets that id).
+
+--allow-reclaim lets a join whose hardware (TPM EK, system UUID) an existing node
+holds take that node over, but only with proof: the old node's key, which bcd join
+signs with after bcd join --reset moved it aside. Claims alone are refused
+(RECLAIM_NOT_ALLOWED). A node whose TPM the tpm attestor proved is reclaimed only by
+the same TPM (bcd join --attestor tpm) or by a token bound to it: --allow-reclaim
+--node-id N, the operator's decision for node N, used with bcd join --node-id N.`,
 		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if in.Pool == "" || in.Site == "" || in.Role == "" {
@@ -62,7 +69,7 @@ joins with it and bcd join --node-id (and gets that id).`,
 	cf.StringVar(&in.Site, "site", "", "site the node joins (must exist: better-compute sites create)")
 	cf.StringVar(&in.Role, "role", "", "node or site")
 	cf.DurationVar(&ttl, "ttl", 24*time.Hour, "how long the token can be used")
-	cf.BoolVar(&in.AllowReclaim, "allow-reclaim", false, "let a machine whose hardware an existing node holds take that node over")
+	cf.BoolVar(&in.AllowReclaim, "allow-reclaim", false, "let a join of hardware an existing node holds take that node over, with the old node's key as proof (bcd join after --reset); with --node-id, for that node without it")
 	cf.StringVar(&in.NodeID, "node-id", "", "bind the token to this node id (provisioned attestor)")
 
 	list := &cobra.Command{
