@@ -38,7 +38,7 @@ func usedToken() store.Token {
 
 func fullNode() store.Node {
 	return store.Node{ID: "n_1", Role: protocol.RoleNode, Site: "fsn1", Pool: "p", SPIFFEID: "spiffe://x/node/n_1",
-		Claims: json.RawMessage(`{"system_uuid":"u"}`), SystemUUID: "u", TPMEKSHA256: "ab", CertSerial: "1f",
+		Claims: json.RawMessage(`{"system_uuid":"u"}`), SystemUUID: "u", TPMEKSHA256: "ab", TPMEKProven: true, CertSerial: "1f",
 		CertNotAfter: t3, State: "ready", Cordoned: true, CreatedAt: t1, UpdatedAt: t2, JoinedAt: t1, DeletedAt: t3,
 		SessionID: 4, DaemonVersion: "v1", LastSeenAt: t2, SpecRevision: 3}
 }

@@ -111,8 +111,11 @@ type NodeInfo struct {
 	SPIFFEID string          `json:"spiffe_id"`
 	Claims   json.RawMessage `json:"claims"`
 	// SystemUUID and TPMEKSHA256 are the claims a reclaim matches on.
-	SystemUUID   string    `json:"system_uuid,omitempty"`
-	TPMEKSHA256  string    `json:"tpm_ek_sha256,omitempty"`
+	SystemUUID  string `json:"system_uuid,omitempty"`
+	TPMEKSHA256 string `json:"tpm_ek_sha256,omitempty"`
+	// TPMEKProven: the tpm attestor proved the EK; only the same TPM or a
+	// token bound to the node reclaims it.
+	TPMEKProven  bool      `json:"tpm_ek_proven,omitempty"`
 	CertSerial   string    `json:"cert_serial"`
 	CertNotAfter time.Time `json:"cert_not_after"`
 	State        string    `json:"state"`
