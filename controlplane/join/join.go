@@ -50,7 +50,8 @@ type Admission struct {
 	// does not exist, reclaimed when it does.
 	NodeID string
 	// AllowReclaim lets a join whose claims match an existing node take
-	// that node over (same id, new certificate).
+	// that node over (same id, new certificate), with proof: ProvenEK is
+	// that node's EK, or the request's reclaim_proof is by its key.
 	AllowReclaim bool
 	// TokenID is the join token the join consumes, "" for none.
 	TokenID string
