@@ -16,6 +16,8 @@ const (
 	SecretCommandParams SecretField = "command params"
 	// SecretDeploySpec is a deployment's Spec as JSON (its image URL).
 	SecretDeploySpec SecretField = "deploy spec"
+	// SecretImageURL is an image catalog entry's Image.URL.
+	SecretImageURL SecretField = "catalog image url"
 )
 
 // SecretRewriter is an implementation's way to reseal what it stores.

@@ -351,6 +351,7 @@ type Store interface {
 	Releases
 	Daemons
 	Rollouts
+	Images
 	Pruner
 	Close() error
 }

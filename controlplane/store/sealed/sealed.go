@@ -7,7 +7,8 @@
 //
 // What is sealed: a machine's BMC password; a command's params, whole (a
 // deploy.image's join token and image URL); a deployment's image URL when it
-// carries userinfo, a query or a fragment (a presigned URL's signature). A
+// carries userinfo, a query or a fragment (a presigned URL's signature), and
+// an image catalog entry's URL on the same rule. A
 // sealed value is "sealed:v1:<key id>:<base64>" (command params as that JSON
 // string), so a plaintext value left by an older database is told apart and
 // resealed by RewriteSecrets, which serve runs at every start. The store
@@ -116,6 +117,15 @@ func (s *Store) reseal(f store.SecretField, v string) (string, error) {
 		}
 		b, err := json.Marshal(spec)
 		return string(b), err
+	case store.SecretImageURL:
+		if !needsSeal(v) || !s.k.NeedsReseal(v) {
+			return v, nil
+		}
+		u, err := s.open(labelImageURL, v)
+		if err != nil {
+			return "", err
+		}
+		return s.sealURL(u)
 	}
 	return "", fmt.Errorf("unknown secret field %q", f)
 }
@@ -393,4 +403,39 @@ func (s *Store) StepRollout(ctx context.Context, st store.RolloutStep) error {
 		return err
 	}
 	return s.Store.StepRollout(ctx, st)
+}
+
+func (s *Store) openImage(im store.Image, err error) (store.Image, error) {
+	if err != nil {
+		return im, err
+	}
+	if im.Image.URL, err = s.open(labelImageURL, im.Image.URL); err != nil {
+		return store.Image{}, fmt.Errorf("sealed: image %s: %w", im.Name, err)
+	}
+	return im, nil
+}
+
+func (s *Store) AddImage(ctx context.Context, im store.Image) error {
+	var err error
+	if im.Image.URL, err = s.sealURL(im.Image.URL); err != nil {
+		return err
+	}
+	return s.Store.AddImage(ctx, im)
+}
+
+func (s *Store) GetImage(ctx context.Context, name string) (store.Image, error) {
+	return s.openImage(s.Store.GetImage(ctx, name))
+}
+
+func (s *Store) ListImages(ctx context.Context) ([]store.Image, error) {
+	ims, err := s.Store.ListImages(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for i := range ims {
+		if ims[i], err = s.openImage(ims[i], nil); err != nil {
+			return nil, err
+		}
+	}
+	return ims, nil
 }

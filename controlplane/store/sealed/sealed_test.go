@@ -54,7 +54,8 @@ func open(t *testing.T) (*Store, store.Store, string) {
 }
 
 // secretTypes are the records that hold a store.SecretField.
-var secretTypes = []reflect.Type{reflect.TypeFor[store.MachineBMC](), reflect.TypeFor[store.Command](), reflect.TypeFor[store.DeploySpec]()}
+var secretTypes = []reflect.Type{reflect.TypeFor[store.MachineBMC](), reflect.TypeFor[store.Command](), reflect.TypeFor[store.DeploySpec](),
+	reflect.TypeFor[store.Image]()}
 
 // reaches reports whether a value of t can hold one of secretTypes.
 func reaches(t reflect.Type, seen map[reflect.Type]bool) bool {
@@ -159,6 +160,10 @@ func newFixture(t *testing.T) *fixture {
 		t.Fatal(err)
 	}
 	if fx.m, err = s.Store.GetMachine(ctx, m.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddImage(ctx, store.Image{Name: "fx-os", Image: protocol.DeployImage{URL: fxURL, SHA256: strings.Repeat("a", 64), Size: 1},
+		CreatedAt: now}); err != nil {
 		t.Fatal(err)
 	}
 	return fx
@@ -287,6 +292,14 @@ func TestEverySecretMethodIsSealed(t *testing.T) {
 			want: []string{"fxsignature00", "fxuser:fxpass"}},
 		"OpenDeployments": {call: func(t *testing.T, fx *fixture) (any, error) { return fx.s.OpenDeployments(ctx) },
 			want: []string{"fxsignature00", "fxuser:fxpass"}},
+		"AddImage": {call: func(t *testing.T, fx *fixture) (any, error) {
+			return nil, fx.s.AddImage(ctx, store.Image{Name: "new-os", Image: protocol.DeployImage{
+				URL: "https://newuser:newpass@img.test/x?X-Amz-Signature=newsignature", SHA256: strings.Repeat("a", 64), Size: 1}, CreatedAt: fx.now})
+		}},
+		"GetImage": {call: func(t *testing.T, fx *fixture) (any, error) { return fx.s.GetImage(ctx, "fx-os") },
+			want: []string{"fxsignature00", "fxuser:fxpass"}},
+		"ListImages": {call: func(t *testing.T, fx *fixture) (any, error) { return fx.s.ListImages(ctx) },
+			want: []string{"fxsignature00", "fxuser:fxpass"}},
 		"StepRollout": {call: func(t *testing.T, fx *fixture) (any, error) {
 			r := store.Rollout{ID: "ro_1", Version: "0.1.1", Role: "node", Waves: []int{100}, MaxUnavailable: 1, WaveTimeout: time.Minute,
 				State: store.RolloutRunning, CreatedAt: fx.now, UpdatedAt: fx.now}
@@ -379,6 +392,10 @@ func TestResealAfterRotation(t *testing.T) {
 		d, err := s.GetDeployment(ctx, fx.dep.ID)
 		if err != nil || d.Spec.Image.URL != fxURL {
 			t.Fatalf("deployment: %v", err)
+		}
+		im, err := s.GetImage(ctx, "fx-os")
+		if err != nil || im.Image.URL != fxURL {
+			t.Fatalf("catalog image: %v", err)
 		}
 	}
 	check(s)

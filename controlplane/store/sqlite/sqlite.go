@@ -25,7 +25,7 @@ const DBFile = "better-compute.db"
 // database runs them all. Each is append-only: a released migration is
 // never edited.
 var migrations = []string{schemaV1, schemaV2, schemaV3, schemaV4, schemaV5, schemaV6, schemaV7, schemaV8,
-	schemaRetention, schemaEKProven}
+	schemaRetention, schemaEKProven, schemaImages}
 
 // schemaVersion is PRAGMA user_version of a database this build has migrated.
 var schemaVersion = len(migrations)

@@ -15,6 +15,7 @@ var secretColumns = []struct {
 	{store.SecretBMCPassword, "machines", "bmc_password"},
 	{store.SecretCommandParams, "commands", "params"},
 	{store.SecretDeploySpec, "deployments", "spec"},
+	{store.SecretImageURL, "images", "url"},
 }
 
 // RewriteSecrets implements store.SecretRewriter.

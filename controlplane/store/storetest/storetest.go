@@ -52,6 +52,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"DaemonTargetAndArch", testDaemonTargetAndArch},
 		{"SectionStatuses", testSectionStatuses},
 		{"Rollouts", testRollouts},
+		{"Images", testImages},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := open(t)
