@@ -54,6 +54,7 @@ type Store interface {
 	store.Daemons
 	store.Releases
 	store.Rollouts
+	store.Images
 	GetDeployment(ctx context.Context, id string) (store.Deployment, error)
 }
 
@@ -123,6 +124,10 @@ func (s *Server) Handler() http.Handler {
 	op("POST /tokens/{id}/revoke", s.revokeToken)
 	op("POST /sites", s.createSite)
 	op("GET /sites", s.listSites)
+	op("POST /images", s.addImage)
+	op("GET /images", s.listImages)
+	op("GET /images/{name}", s.getImage)
+	op("DELETE /images/{name}", s.deleteImage)
 	op("GET /nodes", s.listNodes)
 	op("GET /nodes/{id}", s.getNode)
 	op("DELETE /nodes/{id}", s.deleteNode)

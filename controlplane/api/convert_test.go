@@ -51,6 +51,8 @@ func TestConvertGolden(t *testing.T) {
 		"releases_zero":       apitype.ReleaseList{Releases: []apitype.Release{}},
 		"rollout_full":        toRollout(fullRollout()),
 		"rollout_zero":        toRollout(store.Rollout{}),
+		"image_full":          toImage(fullImage()),
+		"images_zero":         apitype.ImageList{Images: []apitype.Image{}},
 	}
 	for name, v := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -77,3 +77,8 @@ func fullEvent() store.MachineEvent {
 	return store.MachineEvent{ID: 1, MachineID: "m_1", Time: t1, Kind: protocol.MachineEventState, Message: "m",
 		NodeID: "n_1", CommandID: "cmd_1", Data: json.RawMessage(`{"from":"a","to":"b"}`)}
 }
+
+func fullImage() store.Image {
+	return store.Image{Name: "debian-12", Image: protocol.DeployImage{URL: "https://user:pw@images.example/os.raw.gz?sig=s#f",
+		SHA256: "aa", Size: 10, Format: "raw.gz", ImageSize: 20}, CreatedAt: t1}
+}

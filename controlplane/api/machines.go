@@ -377,6 +377,16 @@ func (s *Server) deploy(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	// A deploy by catalog name is the deploy of the entry's image, copied
+	// into the deployment: checked as one that gave it.
+	if in.ImageName != "" {
+		if in, err = s.resolveImage(r, in); err != nil {
+			return err
+		}
+		if err := in.Validate(); err != nil {
+			return httpjson.Errorf(protocol.CodeInvalidInput, "%v", err)
+		}
+	}
 	d, got, err := s.machines().Deploy(r.Context(), m, store.DeploySpec{Image: in.Image, Target: in.Target, After: in.After,
 		Cmdline: in.Cmdline, Pool: in.Pool})
 	if err != nil {

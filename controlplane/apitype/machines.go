@@ -173,7 +173,11 @@ type MachineEventList struct {
 // deployment of the machine, which the lifecycle runs from PXE boot to
 // provisioned.
 type DeployCreate struct {
-	Image  protocol.DeployImage  `json:"image"`
+	// Image is the image to install; ImageName instead names an entry of
+	// the image catalog (POST /api/v1/images), which the api resolves and
+	// copies into the deployment. Give one of them.
+	Image     protocol.DeployImage `json:"image,omitzero"`
+	ImageName string               `json:"image_name,omitempty"`
 	Target protocol.DeployTarget `json:"target,omitzero"`
 	// After is what the ramdisk does once the disk is written: kexec (the
 	// default when empty) or reboot; Cmdline is the installed kernel's
@@ -201,7 +205,20 @@ func (d *DeployCreate) Normalize() {
 
 // Validate checks a normalized deploy as its deploy.image will be checked,
 // without the files each attempt adds. The error names the field at fault.
+//
+// A deploy by ImageName is checked without its image, which only the api
+// knows: it resolves the name (Resolve) and validates again.
 func (d DeployCreate) Validate() error {
+	if d.ImageName != "" {
+		if d.Image != (protocol.DeployImage{}) {
+			return fmt.Errorf("image_name %q and image: the catalog entry has the image's url, sha256, size and format: give image_name or image, not both", human.Short(d.ImageName))
+		}
+		if !protocol.ValidName(d.ImageName) {
+			return fmt.Errorf("image_name %q: %s", human.Short(d.ImageName), protocol.NameRule)
+		}
+		// The rest is checked with a stand-in for the image.
+		d.Image = protocol.DeployImage{URL: "https://catalog.invalid/", SHA256: strings.Repeat("0", 64), Size: 1}
+	}
 	if d.After != protocol.AfterKexec && d.After != protocol.AfterReboot {
 		return fmt.Errorf("after %q: a deployment ends with the installed OS running: want kexec or reboot", human.Short(d.After))
 	}
@@ -210,6 +227,13 @@ func (d DeployCreate) Validate() error {
 	}
 	p := protocol.DeployImageParams{Image: d.Image, Target: d.Target, After: protocol.DeployAfter{Action: d.After, Cmdline: d.Cmdline}}
 	return p.Validate()
+}
+
+// Resolve is the deploy by catalog name with the entry's image: what the
+// api validates and stores, the same deploy as one that gave the image.
+func (d DeployCreate) Resolve(img protocol.DeployImage) DeployCreate {
+	d.Image, d.ImageName = img, ""
+	return d
 }
 
 // DeploySpec is what a deployment installs.

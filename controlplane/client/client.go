@@ -312,3 +312,28 @@ func Code(err error) string {
 	}
 	return ""
 }
+
+// AddImage adds an entry to the image catalog.
+func (c *Client) AddImage(ctx context.Context, in apitype.ImageCreate) (apitype.Image, error) {
+	var out apitype.Image
+	return out, c.Do(ctx, http.MethodPost, "/api/v1/images", in, &out)
+}
+
+// ListImages lists the image catalog, by name.
+func (c *Client) ListImages(ctx context.Context) ([]apitype.Image, error) {
+	var out apitype.ImageList
+	return out.Images, c.Do(ctx, http.MethodGet, "/api/v1/images", nil, &out)
+}
+
+// GetImage reads a catalog entry.
+func (c *Client) GetImage(ctx context.Context, name string) (apitype.Image, error) {
+	var out apitype.Image
+	return out, c.Do(ctx, http.MethodGet, "/api/v1/images/"+esc(name), nil, &out)
+}
+
+// DeleteImage removes a catalog entry and returns it; deployments that
+// used it keep their copy of its fields.
+func (c *Client) DeleteImage(ctx context.Context, name string) (apitype.Image, error) {
+	var out apitype.Image
+	return out, c.Do(ctx, http.MethodDelete, "/api/v1/images/"+esc(name), nil, &out)
+}
