@@ -176,9 +176,9 @@ type DeployCreate struct {
 	// Image is the image to install; ImageName instead names an entry of
 	// the image catalog (POST /api/v1/images), which the api resolves and
 	// copies into the deployment. Give one of them.
-	Image     protocol.DeployImage `json:"image,omitzero"`
-	ImageName string               `json:"image_name,omitempty"`
-	Target protocol.DeployTarget `json:"target,omitzero"`
+	Image     protocol.DeployImage  `json:"image,omitzero"`
+	ImageName string                `json:"image_name,omitempty"`
+	Target    protocol.DeployTarget `json:"target,omitzero"`
 	// After is what the ramdisk does once the disk is written: kexec (the
 	// default when empty) or reboot; Cmdline is the installed kernel's
 	// command line for kexec.
