@@ -43,3 +43,36 @@ func TestDeployCreateNormalizeValidate(t *testing.T) {
 		})
 	}
 }
+
+// TestDeployByImageName: a deploy by catalog name is checked without its
+// image, refuses an image beside the name, and still checks the rest;
+// Resolve makes it the deploy of the entry's image.
+func TestDeployByImageName(t *testing.T) {
+	d := DeployCreate{ImageName: "ubuntu-24.04", Target: protocol.DeployTarget{Serial: "S1"}}
+	d.Normalize()
+	if err := d.Validate(); err != nil {
+		t.Fatalf("a deploy by name: %v", err)
+	}
+	for _, tc := range []struct {
+		name, want string
+		mut        func(*DeployCreate)
+	}{
+		{"both", "give image_name or image, not both", func(d *DeployCreate) { d.Image.SHA256 = strings.Repeat("a", 64) }},
+		{"bad name", "image_name", func(d *DeployCreate) { d.ImageName = "Ubuntu 24" }},
+		{"two disks", "target", func(d *DeployCreate) { d.Target.Path = "/dev/sda" }},
+		{"after poweroff", "after", func(d *DeployCreate) { d.After = protocol.AfterPowerOff }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bad := d
+			tc.mut(&bad)
+			if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("%v, want an error naming %s", err, tc.want)
+			}
+		})
+	}
+	img := protocol.DeployImage{URL: "https://images.example.test/u.raw", SHA256: strings.Repeat("a", 64), Size: 4096, Format: protocol.FormatRaw}
+	r := d.Resolve(img)
+	if r.ImageName != "" || r.Image != img || r.Target != d.Target || r.Validate() != nil {
+		t.Errorf("resolved %+v", r)
+	}
+}

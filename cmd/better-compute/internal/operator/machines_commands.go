@@ -195,8 +195,9 @@ func newMachinesDeployCmd(af *apiFlags) *cobra.Command {
 	var in apitype.DeployCreate
 	var wait bool
 	var timeout time.Duration
+	var image, imageURL string
 	cmd := &cobra.Command{
-		Use:   "deploy M --image URL --sha256 H --size N [--format F] [--image-size N] [--disk-serial S | --disk-path P] [--wait]",
+		Use:   "deploy M (--image NAME | --url URL --sha256 H --size N [--format F] [--image-size N]) [--disk-serial S | --disk-path P] [--wait]",
 		Short: "Install an image on the machine: PXE boot, ramdisk, deploy, installed OS; prints the deployment id",
 		Long: `Start a deployment of the machine, which the control plane runs as a state machine:
 pxe-booting (boot entry ramdisk, bmc.bootdev pxe and bmc.power cycle through a site agent,
@@ -208,13 +209,18 @@ as its node and was welcomed; the boot entry flips to local). Each step has a ti
 bounded retries; a machine that runs out of them is failed with the reason, and can be
 deployed again. A machine whose ramdisk is already connected starts at ramdisk.
 
+The image is an entry of the image catalog (--image NAME; better-compute images add), whose
+URL, digest, size and format the control plane copies into the deployment, or is given
+whole: --url, --sha256, --size (and --format, --image-size). --image URL is --url, as
+before the catalog. A catalog name with any of the image's own flags is refused.
+
 It prints the deployment id and returns; with --wait it prints each state as the machine
 reaches it and exits 0 once provisioned, 1 when failed. Follow a deployment with
 better-compute machines list and better-compute machines events M.`,
 		Args: cli.ExactArgs(1, "the machine (id, name or MAC)"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if in.Image.URL == "" || in.Image.SHA256 == "" || in.Image.Size <= 0 {
-				return cli.Usagef("machines deploy: --image, --sha256 and --size are required")
+			if err := deployImageFlags(cmd, &in, image, imageURL); err != nil {
+				return err
 			}
 			if in.Target.Serial != "" && in.Target.Path != "" {
 				return cli.Usagef("machines deploy: give --disk-serial or --disk-path, not both")
@@ -249,7 +255,8 @@ better-compute machines list and better-compute machines events M.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&in.Image.URL, "image", "", "the image's https URL")
+	f.StringVar(&image, "image", "", "the image catalog entry to install (or, as --url, the image's URL)")
+	f.StringVar(&imageURL, "url", "", "the image's https URL, when it is not in the catalog")
 	f.StringVar(&in.Image.SHA256, "sha256", "", "SHA-256 of the image as served (hex)")
 	f.Int64Var(&in.Image.Size, "size", 0, "the image's served length in bytes")
 	f.StringVar(&in.Image.Format, "format", "", "raw, raw.gz, raw.xz, raw.zst or qcow2 (default: from the image's first bytes)")
@@ -339,4 +346,38 @@ command an agent already runs is not called back. Deploy it again with machines 
 			return err
 		},
 	}
+}
+
+// imageFlags are machines deploy's flags that describe the image itself,
+// which a catalog entry already has.
+var imageFlags = []string{"url", "sha256", "size", "format", "image-size"}
+
+// deployImageFlags puts the image machines deploy was given into in: a
+// catalog entry's name (--image NAME alone), or the image's URL and digest
+// (--url, or --image URL as before the catalog, with --sha256 and --size).
+// A value of --image with "://" is a URL: a catalog name has neither ':'
+// nor '/'.
+func deployImageFlags(cmd *cobra.Command, in *apitype.DeployCreate, image, imageURL string) error {
+	switch {
+	case image != "" && !strings.Contains(image, "://"):
+		var given []string
+		for _, name := range imageFlags {
+			if cmd.Flags().Changed(name) {
+				given = append(given, "--"+name)
+			}
+		}
+		if len(given) > 0 {
+			return cli.Usagef("machines deploy: --image %s is a catalog entry, which has the image's url, sha256, size and format: "+
+				"drop %s, or give --url instead of --image", image, strings.Join(given, ", "))
+		}
+		in.ImageName = image
+		return nil
+	case image != "" && imageURL != "":
+		return cli.Usagef("machines deploy: --image %s and --url %s: give the image's URL once", protocol.RedactURL(image), protocol.RedactURL(imageURL))
+	}
+	in.Image.URL = firstNonEmpty(imageURL, image)
+	if in.Image.URL == "" || in.Image.SHA256 == "" || in.Image.Size <= 0 {
+		return cli.Usagef("machines deploy: give --image NAME (an entry of better-compute images list), or --url, --sha256 and --size")
+	}
+	return nil
 }

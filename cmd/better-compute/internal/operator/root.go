@@ -18,7 +18,7 @@ func NewRoot() *cobra.Command {
 	}
 	root.AddCommand(newVersionCmd(), newPKICmd(), newReleaseCmd(), newDaemonCmd())
 	root.AddCommand(newTokensCmd(), newSitesCmd(), newNodesCmd(), newCommandsCmd(), newMachinesCmd(), newTPMCmd(), newPoolsCmd(),
-		newReleasesCmd(), newRolloutsCmd())
+		newReleasesCmd(), newRolloutsCmd(), newImagesCmd())
 	return root
 }
 
