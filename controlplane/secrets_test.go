@@ -35,6 +35,12 @@ const (
 // secretImageURL. It returns the command as the ramdisk got it.
 func deployedRamdisk(t *testing.T, s *Server, op *client.Client) (apitype.MachineInfo, protocol.Command) {
 	t.Helper()
+	return deployedRamdiskWith(t, s, op, apitype.DeployCreate{Image: protocol.DeployImage{URL: secretImageURL, SHA256: strings.Repeat("0", 64), Size: 4096}})
+}
+
+// deployedRamdiskWith is deployedRamdisk with the deploy in.
+func deployedRamdiskWith(t *testing.T, s *Server, op *client.Client, in apitype.DeployCreate) (apitype.MachineInfo, protocol.Command) {
+	t.Helper()
 	b := s.Bundle()
 	roots := b.Public.ServingCAPool()
 	gw := s.AdvertisedGatewayURL()
@@ -82,7 +88,7 @@ func deployedRamdisk(t *testing.T, s *Server, op *client.Client) (apitype.Machin
 	ramdisk := rd.Dial(t, gw, roots, rdRes)
 	waitMachine(t, op, m.ID, func(m apitype.MachineInfo) bool { return m.RamdiskNode == rdRes.NodeID && m.RamdiskConnected })
 
-	if _, err := op.Deploy(ctx, m.ID, apitype.DeployCreate{Image: protocol.DeployImage{URL: secretImageURL, SHA256: strings.Repeat("0", 64), Size: 4096}}); err != nil {
+	if _, err := op.Deploy(ctx, m.ID, in); err != nil {
 		t.Fatal(err)
 	}
 	var c protocol.Command
@@ -170,6 +176,54 @@ func TestSecretsAtRest(t *testing.T) {
 	check("after shutdown")
 }
 
+// TestCatalogImageAtRest: an image catalog entry from a presigned URL with
+// userinfo is sealed in the database file and its WAL, shown without its
+// credentials by the api, and a deploy by its name delivers the whole URL
+// to the ramdisk, as a deploy that gave it does.
+func TestCatalogImageAtRest(t *testing.T) {
+	pkiDir, data := newPKI(t), filepath.Join(t.TempDir(), "data")
+	s, out := startServer(t, pkiDir, data, nil)
+	op := operator(t, s, out)
+	im, err := op.AddImage(ctx, apitype.ImageCreate{Name: "os", DeployImage: protocol.DeployImage{URL: secretImageURL,
+		SHA256: strings.Repeat("0", 64), Size: 4096, Format: protocol.FormatRaw}})
+	if err != nil || im.URL != redactedURL {
+		t.Fatalf("images add: %+v %v", im, err)
+	}
+	list, err := op.ListImages(ctx)
+	if err != nil || len(list) != 1 || list[0].URL != redactedURL {
+		t.Fatalf("images list: %+v %v", list, err)
+	}
+	if got, err := op.GetImage(ctx, "os"); err != nil || got.URL != redactedURL {
+		t.Fatalf("images show: %+v %v", got, err)
+	}
+	_, c := deployedRamdiskWith(t, s, op, apitype.DeployCreate{ImageName: "os"})
+	var p protocol.DeployImageParams
+	json.Unmarshal(c.Params, &p)
+	if p.Image.URL != secretImageURL || p.Image.Format != protocol.FormatRaw || p.Image.Size != 4096 {
+		t.Fatalf("the ramdisk got image %+v, want the catalog entry's, unsealed", p.Image)
+	}
+	ents, err := os.ReadDir(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := 0
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(data, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		read += len(b)
+		for what, v := range map[string]string{"image userinfo": secretUserinfo, "image signature": secretSignature} {
+			if bytes.Contains(b, []byte(v)) {
+				t.Errorf("%s holds the catalog %s in the clear", e.Name(), what)
+			}
+		}
+	}
+	if read == 0 {
+		t.Fatalf("read nothing in %s", data)
+	}
+}
+
 // TestCommandsGetRedactsLikeMachinesShow: commands get shows the deploy's
 // image URL as machines show does, without userinfo or the presigned query,
 // and no file content.
@@ -241,6 +295,11 @@ func TestServeSealsAnOlderDatabase(t *testing.T) {
 			}
 			b, err := json.Marshal(spec)
 			return string(b), err
+		case store.SecretImageURL:
+			if _, ok := pki.Sealed(v); !ok {
+				return v, nil
+			}
+			return k.Open("image url", v)
 		}
 		return k.Open(string(f), v)
 	}
