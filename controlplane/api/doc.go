@@ -16,6 +16,10 @@
 //	POST   {basePath}/api/v1/tokens/{id}/revoke     TokenInfo
 //	POST   {basePath}/api/v1/sites                  SiteCreate → 201 Site
 //	GET    {basePath}/api/v1/sites                  SiteList
+//	POST   {basePath}/api/v1/images                 ImageCreate → 201 Image (a catalog entry; URL redacted)
+//	GET    {basePath}/api/v1/images                 ImageList (by name; URLs redacted)
+//	GET    {basePath}/api/v1/images/{name}          Image (URL redacted)
+//	DELETE {basePath}/api/v1/images/{name}          Image (as it was; deployments keep their copy)
 //	GET    {basePath}/api/v1/nodes                  NodeList
 //	GET    {basePath}/api/v1/nodes/{id}             NodeInfo
 //	DELETE {basePath}/api/v1/nodes/{id}             NodeInfo (the node is revoked; its session ends)
@@ -37,7 +41,8 @@
 //	POST   {basePath}/api/v1/machines/{m}/power     MachinePower → 201 Command (bmc.power)
 //	POST   {basePath}/api/v1/machines/{m}/bootdev   MachineBootdev → 201 Command (bmc.bootdev)
 //	POST   {basePath}/api/v1/machines/{m}/inventory 201 Command (inventory)
-//	POST   {basePath}/api/v1/machines/{m}/deploy    DeployCreate → 201 DeployCreated (a deployment)
+//	POST   {basePath}/api/v1/machines/{m}/deploy    DeployCreate → 201 DeployCreated (a deployment; image_name
+//	                                                resolved from the catalog and copied into it)
 //	POST   {basePath}/api/v1/machines/{m}/cancel    MachineInfo (the deployment stopped: failed)
 //	PUT    {basePath}/api/v1/machines/{m}/firmware  MachineFirmware → MachineInfo
 //	PUT    {basePath}/api/v1/machines/{m}/tpm       MachineTPMSet → MachineInfo (its TPM's EK enrolled)

@@ -1,11 +1,11 @@
 // Package store keeps the control plane's state: sites, join tokens, nodes,
 // gateway sessions, commands and their statuses, events, machines and their
-// timelines, boot nonces, TPM enrollments, pool policies, and the operator
-// token's hash.
+// timelines, boot nonces, TPM enrollments, pool policies, the image
+// catalog, and the operator token's hash.
 //
 // The rest of the control plane depends on the small interfaces here (Sites,
 // Tokens, Nodes, Sessions, Commands, Operators, Machines, BootNonces,
-// Deployments, TPMEnrollments, PoolPolicies), never on SQL, so a
+// Deployments, TPMEnrollments, PoolPolicies, Images), never on SQL, so a
 // deployment that outgrows one machine can put several api and gateway
 // processes on another implementation (PostgreSQL) without touching them.
 // This package holds only the records, the interfaces, their errors and

@@ -65,10 +65,13 @@
 //	                pool ('' for the default), machine_id ('' for an
 //	                allow-list entry; unique otherwise), created_at
 //	pool_policies   pool PK, join_attestors (comma-separated), max_unavailable, updated_at
+//	images          name PK, url (sealed when it carries a credential), sha256,
+//	                size, format, image_size, created_at: the image catalog
 //
 // Migrations are numbered by PRAGMA user_version (1: the first schema, 2:
 // machines, 3: the machine lifecycle, 4: a machine's record split by owner,
-// 5: TPM enrollments and pool policies)
+// 5: TPM enrollments and pool policies, …,
+// then retention's indexes and the image catalog)
 // and run in one transaction at open; a
 // database newer than the build is refused.
 //

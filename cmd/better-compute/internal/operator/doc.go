@@ -1,5 +1,5 @@
 // Package operator is the better-compute binary's operator CLI: every
-// subcommand but serve (tokens, sites, nodes, commands, machines, pki,
+// subcommand but serve (tokens, sites, nodes, commands, machines, images, pki,
 // release, daemon, version), one file per subcommand.
 //
 // It lives apart from package main so that what it links can be checked:
