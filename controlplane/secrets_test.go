@@ -261,6 +261,10 @@ func TestServeSealsAnOlderDatabase(t *testing.T) {
 	op := operator(t, s, out)
 	m, c := deployedRamdisk(t, s, op)
 	_, token64 := joinToken(t, c)
+	if _, err := op.AddImage(ctx, apitype.ImageCreate{Name: "os", DeployImage: protocol.DeployImage{URL: secretImageURL,
+		SHA256: strings.Repeat("0", 64), Size: 4096, Format: protocol.FormatRaw}}); err != nil {
+		t.Fatal(err)
+	}
 	sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	if err := s.Shutdown(sctx); err != nil {
@@ -305,8 +309,8 @@ func TestServeSealsAnOlderDatabase(t *testing.T) {
 	}
 	n, err := st.(store.SecretRewriter).RewriteSecrets(ctx, unseal)
 	st.Close()
-	if err != nil || n != 3 {
-		t.Fatalf("unsealed %d values (%v), want 3: a password, a deploy.image and its deployment", n, err)
+	if err != nil || n != 4 {
+		t.Fatalf("unsealed %d values (%v), want 4: a password, a deploy.image, its deployment and a catalog image", n, err)
 	}
 	if b, _ := os.ReadFile(filepath.Join(data, sqlite.DBFile)); !bytes.Contains(b, []byte(secretBMC)) {
 		wal, _ := os.ReadFile(filepath.Join(data, sqlite.DBFile+"-wal"))
@@ -323,6 +327,9 @@ func TestServeSealsAnOlderDatabase(t *testing.T) {
 	cmd, err := s.Store().GetCommand(ctx, c.ID)
 	if err != nil || !strings.Contains(string(cmd.Params), token64) {
 		t.Fatalf("command after the reseal: %v", err)
+	}
+	if im, err := s.Store().GetImage(ctx, "os"); err != nil || im.Image.URL != secretImageURL {
+		t.Fatalf("catalog image after the reseal: %+v %v", im, err)
 	}
 	if err := s.Shutdown(sctx); err != nil {
 		t.Fatal(err)
