@@ -71,7 +71,7 @@
 // Migrations are numbered by PRAGMA user_version (1: the first schema, 2:
 // machines, 3: the machine lifecycle, 4: a machine's record split by owner,
 // 5: TPM enrollments and pool policies, …,
-// then retention's indexes and the image catalog)
+// then retention's indexes, tpm_ek_proven and the image catalog)
 // and run in one transaction at open; a
 // database newer than the build is refused.
 //
