@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/controlplane/store/storetest"
+	"github.com/better-compute/bcd/protocol"
 )
 
 var ctx = context.Background()
@@ -157,7 +160,11 @@ func TestMigrateEKProven(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	before := len(migrations) - 1
+	// The schema just before schemaEKProven, wherever later migrations put it.
+	before := slices.Index(migrations, schemaEKProven)
+	if before < 0 {
+		t.Fatal("schemaEKProven is not a migration")
+	}
 	qs := append([]string{}, migrations[:before]...)
 	node := func(id, ek string) string {
 		return fmt.Sprintf(`INSERT INTO nodes (id, role, site, pool, spiffe_id, claims, tpm_ek_sha256, cert_serial, cert_not_after, state,
@@ -234,5 +241,43 @@ func TestOpenFileRefusesURIParts(t *testing.T) {
 		if _, err := os.Stat(path); !os.IsNotExist(err) {
 			t.Errorf("OpenFile(%q) created the file: %v", name, err)
 		}
+	}
+}
+
+// TestMigrateImages: a database from before the image catalog gets its
+// table at open, and keeps what it held.
+func TestMigrateImages(t *testing.T) {
+	path := filepath.Join(t.TempDir(), DBFile)
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := slices.Index(migrations, schemaImages)
+	if before < 0 {
+		t.Fatal("schemaImages is not a migration")
+	}
+	qs := append(append([]string{}, migrations[:before]...), fmt.Sprintf("PRAGMA user_version = %d", before),
+		`INSERT INTO sites (name, created_at) VALUES ('fsn1', 1)`)
+	for _, q := range qs {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db.Close()
+	s, err := OpenFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.GetSite(ctx, "fsn1"); err != nil {
+		t.Fatalf("the site after the migration: %v", err)
+	}
+	im := store.Image{Name: "os", Image: protocol.DeployImage{URL: "https://images.example.test/os.raw", SHA256: strings.Repeat("a", 64), Size: 1,
+		Format: protocol.FormatRaw}, CreatedAt: time.UnixMilli(1).UTC()}
+	if err := s.AddImage(ctx, im); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.GetImage(ctx, "os"); err != nil || got != im {
+		t.Fatalf("GetImage after the migration: %+v %v", got, err)
 	}
 }
