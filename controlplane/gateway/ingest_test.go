@@ -2,12 +2,16 @@ package gateway
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/better-compute/bcd/controlplane/cptest"
+	"github.com/better-compute/bcd/controlplane/machines"
 	"github.com/better-compute/bcd/controlplane/store"
+	"github.com/better-compute/bcd/controlplane/token"
 	"github.com/better-compute/bcd/protocol"
 )
 
@@ -192,5 +196,99 @@ func TestSiteSessionStoredFirst(t *testing.T) {
 	defer g.mu.Unlock()
 	if len(g.nodes) < 3 || g.nodes[0] != nodeID || g.nodes[1] != siteID {
 		t.Errorf("stored in the order %v, want %s's first event, then %s's, then the rest", g.nodes, nodeID, siteID)
+	}
+}
+
+// failingNonces is a store whose first AddBootNonces waits for open and then
+// fails, counting the calls and the nonces they carried.
+type failingNonces struct {
+	store.Store
+	open   chan struct{}
+	mu     sync.Mutex
+	calls  int
+	nonces int
+}
+
+func (f *failingNonces) AddBootNonces(c context.Context, site string, ns []store.BootNonce) ([]bool, error) {
+	f.mu.Lock()
+	f.calls++
+	f.nonces += len(ns)
+	first := f.calls == 1
+	f.mu.Unlock()
+	if first {
+		<-f.open
+		return nil, errors.New("disk I/O error")
+	}
+	return f.Store.AddBootNonces(c, site, ns)
+}
+
+// TestNoNonceStoredAfterAFailedBatch: a site agent's boot nonces follow the
+// ingester's rules: once storing a round of them failed, the nonces read behind
+// it are neither stored nor acknowledged, the node's events of that round are
+// not stored either, and the session ends.
+func TestNoNonceStoredAfterAFailedBatch(t *testing.T) {
+	var f *failingNonces
+	var log *eventLog
+	e := start(t, func(s *Server) {
+		st := s.Store.(store.Store)
+		f = &failingNonces{Store: st, open: make(chan struct{})}
+		s.Events = &machines.Events{Store: f}
+		log = &eventLog{Store: s.Store}
+		s.Store = log
+	})
+	cptest.NewMachine(t, e.st, nil)
+	c, _ := welcomed(t, e, protocol.RoleSite)
+	now := time.Now()
+	var hashes []token.Hash
+	send := func(seq uint64) {
+		nonce, err := protocol.NewBootNonce()
+		if err != nil {
+			t.Fatal(err)
+		}
+		hashes = append(hashes, sha256.Sum256([]byte(nonce)))
+		c.send(protocol.FrameEvent, protocol.Event{Seq: seq, Kind: protocol.EventBootNonce, Time: now,
+			Data: mustJSON(t, protocol.BootNonce{MAC: cptest.MAC, Nonce: nonce, ExpiresAt: now.Add(protocol.BootNonceLifetime)})})
+	}
+	send(1)
+	e.waitFor("the first nonce to reach the store", func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return f.calls == 1
+	})
+	for seq := uint64(2); seq <= 11; seq++ {
+		send(seq)
+	}
+	e.waitFor("the nonces behind it to be queued", func() bool { return e.gw.ingest.queued() == 10 })
+	close(f.open)
+	var sawError bool
+	for {
+		fr, err := c.recv()
+		if err != nil {
+			break // the session ended
+		}
+		switch fr.Type {
+		case protocol.FrameAck:
+			t.Errorf("an ack after a failed store: %s", fr.Data)
+		case protocol.FrameError:
+			sawError = true
+		}
+	}
+	if !sawError {
+		t.Error("the session ended without saying why")
+	}
+	e.waitFor("the ingester to finish", func() bool { return e.gw.ingest.queued() == 0 })
+	f.mu.Lock()
+	calls, nonces := f.calls, f.nonces
+	f.mu.Unlock()
+	if calls != 1 || nonces != 1 {
+		t.Errorf("AddBootNonces called %d times with %d nonces, want once with the first", calls, nonces)
+	}
+	for i, h := range hashes {
+		if _, err := e.st.GetBootNonce(ctx, h); !errors.Is(err, store.ErrNotFound) {
+			t.Errorf("nonce %d: %v, want none stored", i+1, err)
+		}
+	}
+	if evs := log.stored(); len(evs) != 0 {
+		t.Errorf("%d events stored, want none", len(evs))
 	}
 }

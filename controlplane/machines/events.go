@@ -25,7 +25,7 @@ const MaxClockSkew = time.Minute
 type EventStore interface {
 	RecordBoot(ctx context.Context, site, mac, stage string, ev store.MachineEvent) (string, error)
 	RecordBoots(ctx context.Context, site string, steps []store.BootStep) ([]string, error)
-	AddBootNonce(ctx context.Context, n store.BootNonce) (bool, error)
+	AddBootNonces(ctx context.Context, site string, ns []store.BootNonce) ([]bool, error)
 	AddMachineEvent(ctx context.Context, e store.MachineEvent) error
 	FindMachineByMAC(ctx context.Context, mac string) (store.Machine, error)
 }
@@ -106,15 +106,25 @@ func (e *Events) bootRefused(ctx context.Context, node store.Node, ev protocol.E
 		Message: msg, NodeID: node.ID, Data: data})
 }
 
-// Events is Event for a batch of node's events, in order, with the boot steps
-// among them recorded in one transaction.
+// Events is Event for a batch of node's events, in order. A run of boot steps
+// is recorded in one transaction (RecordBoots), and so is a run of boot nonces
+// (AddBootNonces): a flood of script GETs costs a commit per batch, not one per
+// nonce. A run ends where an event of another kind comes, so that the timeline
+// entries keep the order of the events.
 func (e *Events) Events(ctx context.Context, node store.Node, evs []protocol.Event) ([]protocol.Event, error) {
 	out := append([]protocol.Event(nil), evs...)
 	if node.Role != protocol.RoleSite {
 		return out, nil
 	}
 	var steps []store.BootStep
+	var nonces []store.BootNonce
 	record := func() error {
+		if len(nonces) > 0 {
+			if _, err := e.Store.AddBootNonces(ctx, node.Site, nonces); err != nil {
+				return err
+			}
+			nonces = nonces[:0]
+		}
 		if len(steps) == 0 {
 			return nil
 		}
@@ -129,13 +139,31 @@ func (e *Events) Events(ctx context.Context, node store.Node, evs []protocol.Eve
 		return nil
 	}
 	for i, ev := range out {
-		if ev.Kind == protocol.EventMachineBooted {
+		switch ev.Kind {
+		case protocol.EventMachineBooted:
+			if len(nonces) > 0 {
+				if err := record(); err != nil {
+					return nil, err
+				}
+			}
 			if st, ok := e.bootStep(node, ev); ok {
 				steps = append(steps, st)
 			}
 			continue
+		case protocol.EventBootNonce:
+			if len(steps) > 0 {
+				if err := record(); err != nil {
+					return nil, err
+				}
+			}
+			var n store.BootNonce
+			var ok bool
+			if out[i], n, ok = e.nonceRecord(node, ev); ok {
+				nonces = append(nonces, n)
+			}
+			continue
 		}
-		// What is not a boot step keeps its place after the steps before it.
+		// What is neither keeps its place after the runs before it.
 		if err := record(); err != nil {
 			return nil, err
 		}
@@ -227,6 +255,19 @@ type StoredNonce struct {
 }
 
 func (e *Events) nonce(ctx context.Context, node store.Node, ev protocol.Event) (protocol.Event, error) {
+	ev, n, ok := e.nonceRecord(node, ev)
+	if !ok {
+		return ev, nil
+	}
+	_, err := e.Store.AddBootNonces(ctx, node.Site, []store.BootNonce{n})
+	return ev, err
+}
+
+// nonceRecord reads a boot.nonce event of node: the event as it may be stored
+// and, unless the nonce is refused (false, after a warning), the nonce to store
+// with its timeline entry (AddBootNonces keeps the entry only when a machine of
+// the site has the MAC, and fills in its id).
+func (e *Events) nonceRecord(node store.Node, ev protocol.Event) (protocol.Event, store.BootNonce, bool) {
 	var b protocol.BootNonce
 	err := json.Unmarshal(ev.Data, &b)
 	// Whatever the data and message were, the stored event carries neither:
@@ -234,7 +275,7 @@ func (e *Events) nonce(ctx context.Context, node store.Node, ev protocol.Event) 
 	ev.Data, ev.Message = nil, ""
 	if err != nil {
 		e.log().Warn("boot.nonce: ignoring malformed data", "node", node.ID, "err", err)
-		return ev, nil
+		return ev, store.BootNonce{}, false
 	}
 	now := e.now()
 	mac, macErr := protocol.NormalizeMAC(b.MAC)
@@ -252,29 +293,20 @@ func (e *Events) nonce(ctx context.Context, node store.Node, ev protocol.Event) 
 	if why != "" {
 		e.log().Warn("boot.nonce refused", "node", node.ID, "mac", human.Short(b.MAC), "reason", why)
 		ev.Message = "refused: " + why
-		return ev, nil
+		return ev, store.BootNonce{}, false
 	}
 	h := token.Hash(sha256.Sum256([]byte(b.Nonce)))
 	stored := StoredNonce{MAC: mac, NonceSHA256: hex.EncodeToString(h[:]), ExpiresAt: b.ExpiresAt.UTC()}
 	ev.Data, _ = json.Marshal(stored)
 	ev.Message = "boot nonce for " + mac
 
-	machine := ""
-	if m, err := e.Store.FindMachineByMAC(ctx, mac); err == nil && m.Site == node.Site {
-		machine = m.ID
-	} else if err != nil && !errors.Is(err, store.ErrNotFound) {
-		return ev, err
-	}
-	n := store.BootNonce{Hash: h, MAC: mac, Site: node.Site, SiteNode: node.ID, MachineID: machine, CreatedAt: now, ExpiresAt: b.ExpiresAt}
-	if machine != "" {
-		// In the nonce's own transaction: added apart, a gateway stopped
-		// between the two left the nonce without its timeline entry, and the
-		// replayed event found the nonce and added nothing.
-		data, _ := json.Marshal(map[string]any{"mac": mac, "expires_at": stored.ExpiresAt, "ip": b.IP, "interface": b.Interface})
-		n.Event = &store.MachineEvent{MachineID: machine, Time: now, Kind: protocol.EventBootNonce,
+	// In the nonce's own transaction: added apart, a gateway stopped between
+	// the two left the nonce without its timeline entry, and the replayed
+	// event found the nonce and added nothing.
+	data, _ := json.Marshal(map[string]any{"mac": mac, "expires_at": stored.ExpiresAt, "ip": b.IP, "interface": b.Interface})
+	n := store.BootNonce{Hash: h, MAC: mac, Site: node.Site, SiteNode: node.ID, CreatedAt: now, ExpiresAt: b.ExpiresAt,
+		Event: &store.MachineEvent{Time: now, Kind: protocol.EventBootNonce,
 			Message: fmt.Sprintf("boot nonce minted for %s, valid until %s", mac, stored.ExpiresAt.Format(time.RFC3339)),
-			NodeID:  node.ID, Data: data}
-	}
-	_, err = e.Store.AddBootNonce(ctx, n)
-	return ev, err
+			NodeID:  node.ID, Data: data}}
+	return ev, n, true
 }

@@ -303,3 +303,90 @@ func FuzzEvents(f *testing.F) {
 		}
 	})
 }
+
+// countingStore counts the nonces of each AddBootNonces call and the steps of
+// each RecordBoots call.
+type countingStore struct {
+	store.Store
+	calls []string
+}
+
+func (s *countingStore) AddBootNonces(ctx context.Context, site string, ns []store.BootNonce) ([]bool, error) {
+	s.calls = append(s.calls, fmt.Sprintf("nonces:%d", len(ns)))
+	return s.Store.AddBootNonces(ctx, site, ns)
+}
+
+func (s *countingStore) RecordBoots(ctx context.Context, site string, steps []store.BootStep) ([]string, error) {
+	s.calls = append(s.calls, fmt.Sprintf("steps:%d", len(steps)))
+	return s.Store.RecordBoots(ctx, site, steps)
+}
+
+// TestEventsStoreNoncesInRuns: a batch of a site agent's events stores each run
+// of boot nonces in one AddBootNonces call (a flood of script GETs costs a
+// transaction a batch, not one a nonce) and each run of boot steps in one
+// RecordBoots; a run ends where an event of another kind comes, so that the
+// machine's timeline keeps the order of the events. A refused nonce is in no run.
+func TestEventsStoreNoncesInRuns(t *testing.T) {
+	st := &countingStore{Store: cptest.NewStore(t)}
+	now := time.Now()
+	e := &Events{Store: st, Now: func() time.Time { return now }}
+	m := cptest.NewMachine(t, st.Store, nil)
+	site := store.Node{ID: "n_site", Role: protocol.RoleSite, Site: cptest.Site}
+	var evs []protocol.Event
+	var nonces []string
+	add := func(kind string, v any) {
+		b, _ := json.Marshal(v)
+		evs = append(evs, protocol.Event{Seq: uint64(len(evs) + 1), Kind: kind, Time: now, Message: "raw", Data: b})
+	}
+	nonce := func() {
+		n, err := protocol.NewBootNonce()
+		if err != nil {
+			t.Fatal(err)
+		}
+		nonces = append(nonces, n)
+		add(protocol.EventBootNonce, protocol.BootNonce{MAC: cptest.MAC, Nonce: n, ExpiresAt: now.Add(protocol.BootNonceLifetime)})
+	}
+	booted := func(stage string) {
+		add(protocol.EventMachineBooted, protocol.MachineBooted{MAC: cptest.MAC, Stage: stage, Time: now})
+	}
+	for range 200 {
+		nonce()
+	}
+	booted("dhcp")
+	booted("tftp")
+	nonce()
+	add(protocol.EventBootNonce, protocol.BootNonce{MAC: cptest.MAC, Nonce: "short", ExpiresAt: now.Add(time.Minute)}) // refused
+	nonce()
+	add(protocol.EventLog, "x")
+	nonce()
+	booted("kernel")
+	out, err := e.Events(ctx, site, evs)
+	if err != nil || len(out) != len(evs) {
+		t.Fatalf("Events = %d events, %v", len(out), err)
+	}
+	if got, want := strings.Join(st.calls, ","), "nonces:200,steps:2,nonces:2,nonces:1,steps:1"; got != want {
+		t.Errorf("store calls %s, want %s", got, want)
+	}
+	for i, n := range nonces {
+		sum := sha256.Sum256([]byte(n))
+		if got, err := st.GetBootNonce(ctx, sum); err != nil || got.MachineID != m.ID {
+			t.Errorf("nonce %d: %+v %v", i, got, err)
+		}
+	}
+	for i, ev := range out {
+		if ev.Kind == protocol.EventBootNonce && (strings.Contains(string(ev.Data), `"nonce"`) || ev.Message == "raw") {
+			t.Errorf("event %d is stored as the agent sent it: %q %s", i, ev.Message, ev.Data)
+		}
+	}
+	if !strings.HasPrefix(out[203].Message, "refused") {
+		t.Errorf("the short nonce's event %q, want it refused", out[203].Message)
+	}
+	tl, _ := st.MachineEvents(ctx, m.ID, 0)
+	var kinds []string
+	for _, ev := range tl[201:] { // after machine.added and the first run's nonces
+		kinds = append(kinds, ev.Kind)
+	}
+	if got, want := strings.Join(kinds, ","), "machine.booted,machine.booted,boot.nonce,boot.nonce,boot.nonce,machine.booted"; got != want {
+		t.Errorf("timeline after the first run %s, want %s", got, want)
+	}
+}

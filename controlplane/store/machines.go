@@ -326,6 +326,16 @@ type BootNonces interface {
 	// changes nothing and reports false (a replayed event). Nonces that expired
 	// a day ago go.
 	AddBootNonce(ctx context.Context, n BootNonce) (bool, error)
+	// AddBootNonces stores the nonces a site agent of site reported, in order
+	// and in one transaction (a flood of script GETs arrives in batches): each
+	// as AddBootNonce would, except that its Site is site and its MachineID the
+	// machine of site with its MAC ("" for none; what the caller set is
+	// ignored), and its Event, that MachineID filled in, is stored only when
+	// there is such a machine. added[i] reports whether nonce i was new (false
+	// for one already stored, or earlier in ns). An error, a nonce without its
+	// times among them, stores none of them. Nonces that expired a day before
+	// the latest of ns was created go.
+	AddBootNonces(ctx context.Context, site string, ns []BootNonce) (added []bool, err error)
 	GetBootNonce(ctx context.Context, h token.Hash) (BootNonce, error)
 	// DeferBootNonce binds an unused nonce to the CSR of a join that waits
 	// for approval. It reports whether this was the first deferral, and

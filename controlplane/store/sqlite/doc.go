@@ -92,7 +92,12 @@
 // state with its "state" event, and the commands, tokens and events it
 // makes in one transaction (StartDeployment, AdvanceDeployment). The
 // installed OS's join retires the machine's ramdisk node and the node an
-// earlier deployment installed.
+// earlier deployment installed. A site agent's reports of a storm are written
+// a batch at a time, with statements prepared once on the write connection
+// (hotStatements): its boot steps (RecordBoots), its boot nonces with their
+// timeline entries (AddBootNonces, one commit and one expired-nonce DELETE a
+// batch, the machine found by MAC inside the transaction) and its events
+// (AddEvents).
 //
 // # Retention
 //

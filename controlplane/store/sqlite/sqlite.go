@@ -394,8 +394,10 @@ type stmtCache struct {
 	m  map[string]*sql.Stmt
 }
 
-// hotStatements are what a boot storm runs for every event.
-var hotStatements = []string{selectMachineByMAC, updateLastBoot, insertMachineEvent, insertEvent}
+// hotStatements are what a boot storm runs for every event, and a flood of
+// script GETs for every boot nonce (AddBootNonces).
+var hotStatements = []string{selectMachineByMAC, updateLastBoot, insertMachineEvent, insertEvent,
+	deleteExpiredNonces, insertBootNonce}
 
 func (s *sqliteStore) prepareHot(ctx context.Context) error {
 	s.stmts.mu.Lock()

@@ -439,26 +439,84 @@ func scanNonce(sc interface{ Scan(...any) error }) (store.BootNonce, error) {
 	return n, nil
 }
 
+const (
+	deleteExpiredNonces = `DELETE FROM boot_nonces WHERE expires_at < ?`
+	insertBootNonce     = `INSERT INTO boot_nonces (hash, mac, site, site_node, machine_id, created_at, expires_at)
+	VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (hash) DO NOTHING`
+)
+
+// addNonce inserts n, and its Event when n was new, within tx; it reports
+// whether n was new.
+func (s *sqliteStore) addNonce(ctx context.Context, tx *sql.Tx, n store.BootNonce) (bool, error) {
+	res, err := s.execw(ctx, tx, insertBootNonce, n.Hash[:], n.MAC, n.Site, n.SiteNode, n.MachineID, ms(n.CreatedAt), ms(n.ExpiresAt))
+	if err != nil {
+		return false, err
+	}
+	k, err := rowsAffected(res)
+	if err != nil || k != 1 || n.Event == nil {
+		return k == 1, err
+	}
+	_, err = s.execw(ctx, tx, insertMachineEvent, machineEventArgs(*n.Event)...)
+	return true, err
+}
+
 func (s *sqliteStore) AddBootNonce(ctx context.Context, n store.BootNonce) (bool, error) {
 	added := false
 	err := s.tx(ctx, func(tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, `DELETE FROM boot_nonces WHERE expires_at < ?`, n.CreatedAt.Add(-nonceKeep).UnixMilli()); err != nil {
+		if _, err := s.execw(ctx, tx, deleteExpiredNonces, n.CreatedAt.Add(-nonceKeep).UnixMilli()); err != nil {
 			return err
 		}
-		res, err := tx.ExecContext(ctx, `INSERT INTO boot_nonces (hash, mac, site, site_node, machine_id, created_at, expires_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (hash) DO NOTHING`,
-			n.Hash[:], n.MAC, n.Site, n.SiteNode, n.MachineID, ms(n.CreatedAt), ms(n.ExpiresAt))
+		var err error
+		added, err = s.addNonce(ctx, tx, n)
+		return err
+	})
+	return added, wrap("add boot nonce", err)
+}
+
+// AddBootNonces is a round of a site agent's nonces in one transaction, with the
+// write connection's prepared statements: a flood of script GETs costs serve a
+// commit per round, not one per nonce, and the expired nonces' DELETE runs once.
+func (s *sqliteStore) AddBootNonces(ctx context.Context, site string, ns []store.BootNonce) ([]bool, error) {
+	added := make([]bool, len(ns))
+	if len(ns) == 0 {
+		return added, nil
+	}
+	var latest time.Time
+	for _, n := range ns {
+		if n.CreatedAt.After(latest) {
+			latest = n.CreatedAt
+		}
+	}
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		if _, err := s.execw(ctx, tx, deleteExpiredNonces, latest.Add(-nonceKeep).UnixMilli()); err != nil {
+			return err
+		}
+		sel, err := s.wstmt(ctx, tx, selectMachineByMAC)
 		if err != nil {
 			return err
 		}
-		k, err := rowsAffected(res)
-		added = k == 1
-		if err != nil || !added || n.Event == nil {
-			return err
+		for i, n := range ns {
+			n.Site, n.MachineID = site, ""
+			switch err := sel.QueryRowContext(ctx, n.MAC, site).Scan(&n.MachineID); {
+			case errors.Is(err, sql.ErrNoRows):
+				n.Event = nil
+			case err != nil:
+				return err
+			case n.Event != nil:
+				ev := *n.Event
+				ev.MachineID = n.MachineID
+				n.Event = &ev
+			}
+			if added[i], err = s.addNonce(ctx, tx, n); err != nil {
+				return err
+			}
 		}
-		return addMachineEvent(ctx, tx, *n.Event)
+		return nil
 	})
-	return added, wrap("add boot nonce", err)
+	if err != nil {
+		return nil, wrap("add boot nonces", err)
+	}
+	return added, nil
 }
 
 func (s *sqliteStore) GetBootNonce(ctx context.Context, h token.Hash) (store.BootNonce, error) {

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -209,6 +210,110 @@ func testBootNonces(t *testing.T, s store.Store) {
 	s.AddBootNonce(ctx, later)
 	if _, err := s.GetBootNonce(ctx, old.Hash); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("a nonce two days past its expiry is kept: %v", err)
+	}
+}
+
+// testAddBootNonces: a batch of a site agent's nonces is AddBootNonce for each,
+// in one call: a nonce is bound to the machine of that site with its MAC (none
+// for a MAC of no machine, or of another site's), its timeline entry goes to
+// that machine alone, a nonce already stored (or twice in the batch) is not
+// added again, the nonces a day past their expiry go, and a batch that fails
+// stores none of its nonces.
+func testAddBootNonces(t *testing.T, s store.Store) {
+	for _, name := range []string{"fsn1", "ams1"} {
+		if err := s.CreateSite(ctx, store.Site{Name: name, CreatedAt: time.Now()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := newMachine("m_a", "fsn1", "52:54:00:00:00:01")
+	c := newMachine("m_c", "ams1", "52:54:00:00:00:04")
+	for _, m := range []store.Machine{a, c} {
+		if err := s.CreateMachine(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := time.Now().Truncate(time.Millisecond)
+	old := store.BootNonce{Hash: sha256.Sum256([]byte("nonce-old")), MAC: "52:54:00:00:00:01", Site: "fsn1", SiteNode: "n_s",
+		CreatedAt: now.Add(-48 * time.Hour), ExpiresAt: now.Add(-47 * time.Hour)}
+	if added, err := s.AddBootNonce(ctx, old); !added || err != nil {
+		t.Fatalf("add the old nonce: %v %v", added, err)
+	}
+	stored := store.BootNonce{Hash: sha256.Sum256([]byte("nonce-stored")), MAC: "52:54:00:00:00:01", Site: "fsn1", SiteNode: "n_s",
+		MachineID: "m_a", CreatedAt: now, ExpiresAt: now.Add(time.Minute)}
+	if added, err := s.AddBootNonce(ctx, stored); !added || err != nil {
+		t.Fatalf("add: %v %v", added, err)
+	}
+	nonce := func(name, mac string, d time.Duration) store.BootNonce {
+		return store.BootNonce{Hash: sha256.Sum256([]byte(name)), MAC: mac, Site: "elsewhere", SiteNode: "n_s",
+			MachineID: "m_wrong", CreatedAt: now.Add(d), ExpiresAt: now.Add(d + time.Minute),
+			Event: &store.MachineEvent{MachineID: "m_wrong", Time: now.Add(d), Kind: protocol.EventBootNonce, Message: name, NodeID: "n_s"}}
+	}
+	batch := []store.BootNonce{
+		nonce("nonce-1", "52:54:00:00:00:01", 0),
+		nonce("nonce-2", "52:54:00:00:00:09", time.Millisecond),        // no machine
+		nonce("nonce-3", "52:54:00:00:00:04", 2*time.Millisecond),      // a machine of another site
+		nonce("nonce-stored", "52:54:00:00:00:01", 3*time.Millisecond), // stored before: a replay
+		nonce("nonce-4", "52:54:00:00:00:01", 4*time.Millisecond),
+		nonce("nonce-1", "52:54:00:00:00:01", 5*time.Millisecond), // twice in the batch
+	}
+	added, err := s.AddBootNonces(ctx, "fsn1", batch)
+	if err != nil || len(added) != len(batch) {
+		t.Fatalf("AddBootNonces = %v, %v", added, err)
+	}
+	if want := []bool{true, true, true, false, true, false}; fmt.Sprint(added) != fmt.Sprint(want) {
+		t.Errorf("added %v, want %v", added, want)
+	}
+	for _, tc := range []struct{ name, machine string }{{"nonce-1", "m_a"}, {"nonce-2", ""}, {"nonce-3", ""}, {"nonce-4", "m_a"}} {
+		got, err := s.GetBootNonce(ctx, sha256.Sum256([]byte(tc.name)))
+		if err != nil || got.MachineID != tc.machine || got.Site != "fsn1" || got.SiteNode != "n_s" || !got.UsedAt.IsZero() {
+			t.Errorf("%s: %+v %v, want machine %q of site fsn1", tc.name, got, err, tc.machine)
+		}
+	}
+	if got, _ := s.GetBootNonce(ctx, stored.Hash); got.CreatedAt.UnixMilli() != now.UnixMilli() {
+		t.Errorf("the replayed nonce was rewritten: created %v", got.CreatedAt)
+	}
+	if _, err := s.GetBootNonce(ctx, old.Hash); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("a nonce two days past its expiry is kept: %v", err)
+	}
+	timeline := func(id string) []string {
+		t.Helper()
+		evs, err := s.MachineEvents(ctx, id, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, ev := range evs {
+			if ev.Kind == protocol.EventBootNonce {
+				if ev.MachineID != id {
+					t.Errorf("%s's entry %q names machine %s", id, ev.Message, ev.MachineID)
+				}
+				got = append(got, ev.Message)
+			}
+		}
+		return got
+	}
+	if got := timeline("m_a"); strings.Join(got, ",") != "nonce-1,nonce-4" {
+		t.Errorf("m_a's boot.nonce entries %q, want nonce-1,nonce-4", got)
+	}
+	for _, id := range []string{"m_c", "m_wrong"} {
+		if got := timeline(id); len(got) != 0 {
+			t.Errorf("%s has boot.nonce entries %q, want none", id, got)
+		}
+	}
+	if added, err := s.AddBootNonces(ctx, "fsn1", nil); err != nil || len(added) != 0 {
+		t.Errorf("no nonces: %v %v", added, err)
+	}
+	// A nonce without its times cannot be stored: the batch fails whole.
+	bad := nonce("nonce-bad", "52:54:00:00:00:01", 0)
+	bad.CreatedAt, bad.ExpiresAt = time.Time{}, time.Time{}
+	if _, err := s.AddBootNonces(ctx, "fsn1", []store.BootNonce{nonce("nonce-5", "52:54:00:00:00:01", time.Second), bad}); err == nil {
+		t.Fatal("a nonce without its times was stored")
+	}
+	if _, err := s.GetBootNonce(ctx, sha256.Sum256([]byte("nonce-5"))); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("the nonce before the failed one was stored: %v", err)
+	}
+	if got := timeline("m_a"); len(got) != 2 {
+		t.Errorf("m_a's boot.nonce entries after the failed batch %q, want the two before", got)
 	}
 }
 

@@ -40,6 +40,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"RecordBoots", testRecordBoots},
 		{"SiteProxy", testSiteProxy},
 		{"BootNonces", testBootNonces},
+		{"AddBootNonces", testAddBootNonces},
 		{"CommandsOnTheMachineTimeline", testCommandsOnTheMachineTimeline},
 		{"Deployments", testDeployments},
 		{"FindMachineByNodeAndRetire", testFindMachineByNodeAndRetire},
