@@ -101,10 +101,15 @@ type Node struct {
 	Claims   json.RawMessage `json:"claims"`
 	// SystemUUID and TPMEKSHA256 are the claims a reclaim matches on;
 	// placeholder values are stored empty.
-	SystemUUID   string    `json:"system_uuid,omitempty"`
-	TPMEKSHA256  string    `json:"tpm_ek_sha256,omitempty"`
-	CertSerial   string    `json:"cert_serial"`
-	CertNotAfter time.Time `json:"cert_not_after"`
+	SystemUUID  string `json:"system_uuid,omitempty"`
+	TPMEKSHA256 string `json:"tpm_ek_sha256,omitempty"`
+	// ProvenEKSHA256 is the TPM endorsement key the node's join proved by
+	// credential activation (a tpm join; a ramdisk's discovery join on a
+	// machine with an enrolled EK), "" when its join proved none. A ramdisk
+	// keeps it here, not in TPMEKSHA256, so it takes part in no reclaim.
+	ProvenEKSHA256 string    `json:"proven_ek_sha256,omitempty"`
+	CertSerial     string    `json:"cert_serial"`
+	CertNotAfter   time.Time `json:"cert_not_after"`
 	// CertKeySHA256 is the hex SHA-256 of the current certificate's
 	// SubjectPublicKeyInfo. PrevCertSerial is the certificate a renewal
 	// replaced ("" after a join): the node holds it until it has stored the

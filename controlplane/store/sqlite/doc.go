@@ -19,7 +19,8 @@
 //	                updated_at, joined_at, deleted_at, session_id (the open
 //	                session, NULL when offline), daemon_version, last_seen_at,
 //	                spec_revision, cert_key_sha256 (the current certificate's
-//	                key), prev_cert_serial (the one the last renewal replaced)
+//	                key), prev_cert_serial (the one the last renewal replaced),
+//	                proven_ek_sha256 (the TPM EK its join proved, '' for none)
 //	node_sessions   id PK, node_id, role, daemon_version, boot_id,
 //	                protocol_version, remote_addr, connected_at,
 //	                disconnected_at
