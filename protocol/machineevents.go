@@ -54,8 +54,12 @@ const (
 // Kinds of the entries of a machine's timeline that the lifecycle controller
 // writes besides its state transitions (MachineEventState).
 const (
-	MachineEventNote        = "lifecycle"    // what a step waits for, a retry, a ramdisk lost and back
-	MachineEventDeployDone  = "deploy.done"  // deploy.image SUCCEEDED: bytes, seconds, MB/s
+	MachineEventNote       = "lifecycle"   // what a step waits for, a retry, a ramdisk lost and back
+	MachineEventDeployDone = "deploy.done" // deploy.image SUCCEEDED: bytes, seconds, MB/s
+	// MachineEventDeployHeld: deploy.image (the installed OS's join token)
+	// was not sent, as the ramdisk did not prove the machine's enrolled TPM
+	// endorsement key; the machine PXE-boots the ramdisk again.
+	MachineEventDeployHeld  = "deploy.held"
 	MachineEventNodeReady   = "node.ready"   // the installed OS's node is ready: provisioned
 	MachineEventNodeOffline = "node.offline" // a provisioned machine's node lost its session
 	MachineEventNodeBack    = "node.back"    // … and has one again (data: reboot, boot_id)
