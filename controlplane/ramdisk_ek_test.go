@@ -144,7 +144,7 @@ func TestRamdiskProvesTheEnrolledEK(t *testing.T) {
 			node = m.BoundRamdisk
 			return true
 		})
-		n, err := l.s.store.GetNode(ctx, node)
+		n, err := l.op.GetNode(ctx, node) // as nodes show has it
 		if err != nil {
 			t.Fatal(err)
 		}

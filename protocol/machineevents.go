@@ -44,7 +44,7 @@ const (
 // Kinds of the entries of a machine's timeline that the discovery and tpm
 // attestors write when a join matches the machine but is not admitted.
 const (
-	MachineEventJoinRefused  = "join.refused"  // refused: its boot nonce was used or expired, or MAC or site disagree
+	MachineEventJoinRefused  = "join.refused"  // refused: its boot nonce was used or expired, MAC or site disagree, or the machine's enrolled TPM was not proven
 	MachineEventJoinDeferred = "join.deferred" // waits for the operator's approval (MachineEventApproved)
 	// MachineEventSpoofed is a second ramdisk claiming a machine that
 	// already has a live one, or a join without the minting site's witness.

@@ -111,15 +111,18 @@ type NodeInfo struct {
 	SPIFFEID string          `json:"spiffe_id"`
 	Claims   json.RawMessage `json:"claims"`
 	// SystemUUID and TPMEKSHA256 are the claims a reclaim matches on.
-	SystemUUID   string    `json:"system_uuid,omitempty"`
-	TPMEKSHA256  string    `json:"tpm_ek_sha256,omitempty"`
-	CertSerial   string    `json:"cert_serial"`
-	CertNotAfter time.Time `json:"cert_not_after"`
-	State        string    `json:"state"`
-	Cordoned     bool      `json:"cordoned"`
-	CreatedAt    time.Time `json:"created_at"`
-	UpdatedAt    time.Time `json:"updated_at"`
-	JoinedAt     time.Time `json:"joined_at"`
+	SystemUUID  string `json:"system_uuid,omitempty"`
+	TPMEKSHA256 string `json:"tpm_ek_sha256,omitempty"`
+	// ProvenEKSHA256 is the TPM endorsement key its join proved by
+	// credential activation (tpm; a ramdisk of a machine with an enrolled EK).
+	ProvenEKSHA256 string    `json:"proven_ek_sha256,omitempty"`
+	CertSerial     string    `json:"cert_serial"`
+	CertNotAfter   time.Time `json:"cert_not_after"`
+	State          string    `json:"state"`
+	Cordoned       bool      `json:"cordoned"`
+	CreatedAt      time.Time `json:"created_at"`
+	UpdatedAt      time.Time `json:"updated_at"`
+	JoinedAt       time.Time `json:"joined_at"`
 	// DeletedAt is when the node was deleted (its identity revoked).
 	DeletedAt time.Time `json:"deleted_at,omitzero"`
 	// SessionID is the node's open gateway session, 0 when it has none.
