@@ -137,6 +137,16 @@ func TestDiscoveryEnrolledEK(t *testing.T) {
 			if got, _ := f.st.GetMachine(ctx, m.ID); got.BoundRamdisk != res.NodeID {
 				t.Errorf("machine's ramdisk %q, want %s", got.BoundRamdisk, res.NodeID)
 			}
+			evs, _ := f.st.MachineEvents(ctx, m.ID, 0)
+			said := false
+			for _, e := range evs {
+				if e.Kind == protocol.MachineEventJoin && e.NodeID == res.NodeID {
+					said = strings.Contains(e.Message, "proving TPM endorsement key "+machine.ekHash())
+				}
+			}
+			if said != tc.challenged {
+				t.Errorf("the join entry names the proven EK: %t, want %t", said, tc.challenged)
+			}
 		})
 	}
 }
