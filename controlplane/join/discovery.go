@@ -251,8 +251,8 @@ func checkMachineEK(r *Request, opts TPMOptions, m store.Machine) (machineEK, er
 	ek.ev = ev
 	if ev.ekHash != m.TPMEKSHA256 {
 		return ek, refuse(protocol.CodeAttestorRefused,
-			"machine %s has the TPM of endorsement key %s enrolled; this ramdisk's TPM has %s: refused (a TPM that is not the machine's, or its TPM was replaced: better-compute machines enroll-tpm %s --ek-sha256 %s)",
-			m.ID, m.TPMEKSHA256, ev.ekHash, m.ID, ev.ekHash)
+			"machine %s has the TPM of endorsement key %s enrolled; this ramdisk's TPM has %s: refused (a TPM that is not the machine's; if the machine's TPM was replaced, enroll the new one's EK from a source you trust: better-compute machines enroll-tpm %s --ek-file F)",
+			m.ID, m.TPMEKSHA256, ev.ekHash, m.ID)
 	}
 	if a.ChallengeID == "" && a.Secret == "" {
 		return ek, nil
