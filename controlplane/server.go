@@ -376,7 +376,7 @@ func (s *Server) Start() (err error) {
 		Attestors: map[string]join.Attestor{
 			protocol.AttestorJoinToken:   join.NewTokenAttestor(s.store),
 			protocol.AttestorProvisioned: join.NewProvisionedAttestor(s.store),
-			protocol.AttestorDiscovery:   join.NewDiscoveryAttestor(s.store),
+			protocol.AttestorDiscovery:   join.NewDiscoveryAttestor(s.store, join.TPMOptions{Bundle: s.bundle}),
 			protocol.AttestorTPM:         join.NewTPMAttestor(s.store, join.TPMOptions{Bundle: s.bundle}),
 		},
 		CertTTL: s.CertLifetime,

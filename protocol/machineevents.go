@@ -44,7 +44,7 @@ const (
 // Kinds of the entries of a machine's timeline that the discovery and tpm
 // attestors write when a join matches the machine but is not admitted.
 const (
-	MachineEventJoinRefused  = "join.refused"  // refused: its boot nonce was used or expired, or MAC or site disagree
+	MachineEventJoinRefused  = "join.refused"  // refused: its boot nonce was used or expired, MAC or site disagree, or the machine's enrolled TPM was not proven
 	MachineEventJoinDeferred = "join.deferred" // waits for the operator's approval (MachineEventApproved)
 	// MachineEventSpoofed is a second ramdisk claiming a machine that
 	// already has a live one, or a join without the minting site's witness.
@@ -54,8 +54,12 @@ const (
 // Kinds of the entries of a machine's timeline that the lifecycle controller
 // writes besides its state transitions (MachineEventState).
 const (
-	MachineEventNote        = "lifecycle"    // what a step waits for, a retry, a ramdisk lost and back
-	MachineEventDeployDone  = "deploy.done"  // deploy.image SUCCEEDED: bytes, seconds, MB/s
+	MachineEventNote       = "lifecycle"   // what a step waits for, a retry, a ramdisk lost and back
+	MachineEventDeployDone = "deploy.done" // deploy.image SUCCEEDED: bytes, seconds, MB/s
+	// MachineEventDeployHeld: deploy.image (the installed OS's join token)
+	// was not sent, as the ramdisk did not prove the machine's enrolled TPM
+	// endorsement key; the machine PXE-boots the ramdisk again.
+	MachineEventDeployHeld  = "deploy.held"
 	MachineEventNodeReady   = "node.ready"   // the installed OS's node is ready: provisioned
 	MachineEventNodeOffline = "node.offline" // a provisioned machine's node lost its session
 	MachineEventNodeBack    = "node.back"    // … and has one again (data: reboot, boot_id)

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -22,6 +23,7 @@ import (
 	"github.com/better-compute/bcd/agent/join"
 	"github.com/better-compute/bcd/agent/journal"
 	"github.com/better-compute/bcd/agent/nodekey"
+	"github.com/better-compute/bcd/agent/tpm"
 	"github.com/better-compute/bcd/deploy"
 	"github.com/better-compute/bcd/internal/version"
 	"github.com/better-compute/bcd/protocol"
@@ -90,6 +92,12 @@ type Agent struct {
 	System System
 	// Claims gathers the hardware claims; nil is the machine's (see Claims).
 	Claims func(context.Context) protocol.Claims
+	// TPM is the machine's TPM, used by the join when it opens: the node key
+	// is made in it and the join carries its evidence and answers the
+	// control plane's credential challenge (a machine with an enrolled EK
+	// admits only the ramdisk of that TPM). nil is HostTPM() when Claims is
+	// nil too (the machine's own hardware), and no TPM otherwise.
+	TPM *nodekey.Host
 	// Deployer runs deploy.image; nil is a *deploy.Deployer with Machine, fetching
 	// through bcd.proxy.
 	Deployer Deployer
@@ -182,7 +190,13 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.log.Info("hardware claims", "macs", claims.MACs, "system_uuid", claims.SystemUUID, "system_serial", claims.SystemSerial,
 		"cpus", claims.CPUs, "memory_bytes", claims.MemoryBytes, "disks", len(claims.Disks), "gpus", len(claims.GPUs))
 
-	id, err := a.identity(ctx, claims)
+	tpmHost := a.TPM
+	if tpmHost == nil && a.Claims == nil {
+		tpmHost = HostTPM(a.console)
+		// The node key signs through the TPM for as long as the ramdisk runs.
+		defer tpmHost.Close()
+	}
+	id, err := a.identity(ctx, claims, tpmHost)
 	if err != nil {
 		return err
 	}
@@ -405,8 +419,18 @@ func (a *Agent) postWitness(ctx context.Context, body []byte) (_ *protocol.BootW
 
 // identity loads the identity a join of this boot left in the data directory (a
 // restarted bcd ramdisk must not spend the nonce twice), or joins.
-func (a *Agent) identity(ctx context.Context, claims protocol.Claims) (*agent.Identity, error) {
-	id, err := agent.LoadIdentity(a.dataDir(), nil)
+func (a *Agent) identity(ctx context.Context, claims protocol.Claims, host *nodekey.Host) (*agent.Identity, error) {
+	var keys agent.KeyStore
+	var prover join.TPMProver
+	if host != nil {
+		switch _, err := host.TPM(); {
+		case err == nil:
+			keys, prover = host, host
+		case !errors.Is(err, nodekey.ErrNoTPM):
+			a.log.Warn("the TPM does not open; joining without it (a machine whose TPM is enrolled refuses such a ramdisk)", "tpm", host.Where(), "error", err.Error())
+		}
+	}
+	id, err := agent.LoadIdentity(a.dataDir(), keys)
 	switch {
 	case err == nil && id.Role == protocol.RoleRamdisk:
 		a.log.Info("already joined in this boot", "node_id", id.NodeID)
@@ -426,6 +450,8 @@ func (a *Agent) identity(ctx context.Context, claims protocol.Claims) (*agent.Id
 		Logger:      a.console,
 		Proxy:       a.Params.Proxy,
 		Witness:     a.AskWitness,
+		Keys:        keys,
+		TPM:         prover,
 		OnDeferral: func(wait time.Duration, n int) {
 			a.log.Warn("WAITING FOR APPROVAL: the control plane holds this machine's join until an operator approves it",
 				"macs", claims.MACs, "system_serial", claims.SystemSerial, "site", a.Params.Site,
@@ -445,7 +471,11 @@ func (a *Agent) identity(ctx context.Context, claims protocol.Claims) (*agent.Id
 	}
 	var nonceUnknownSince time.Time
 	nonceUnknown := 0
-	a.log.Info("joining through the discovery attestor", "gateway", a.Params.GatewayURL, "macs", claims.MACs)
+	tpmWhere := "none"
+	if prover != nil {
+		tpmWhere = host.Where()
+	}
+	a.log.Info("joining through the discovery attestor", "gateway", a.Params.GatewayURL, "macs", claims.MACs, "tpm", tpmWhere)
 	for {
 		var key *agent.NodeKey
 		id, key, err = client.Join(ctx, req)
@@ -507,11 +537,27 @@ func (a *Agent) claims(ctx context.Context) protocol.Claims {
 // TPM2_CreatePrimary, which a real TPM takes seconds over, and the join and
 // every inventory would otherwise each do it.
 var tpmEK = sync.OnceValue(func() string {
-	host := &nodekey.Host{}
+	host := HostTPM(nil)
 	defer host.Close()
 	ek, _ := host.EKClaim() // no TPM, or one that does not answer: no claim
 	return ek
 })
+
+// HostTPM is the machine's TPM: the kernel's resource manager /dev/tpmrm0,
+// else /dev/tpm0 when the kernel made only that (TPM() says ErrNoTPM when
+// there is neither). A fakehw build uses swtpm at BCD_FAKEHW_TPM_TCP when set.
+func HostTPM(log *slog.Logger) *nodekey.Host {
+	h := &nodekey.Host{Logger: log}
+	if _, err := os.Stat(tpm.DefaultPath); err != nil {
+		if _, err := os.Stat(rawTPMPath); err == nil {
+			h.Path = rawTPMPath
+		}
+	}
+	return h
+}
+
+// rawTPMPath is the TPM's character device without the resource manager.
+const rawTPMPath = "/dev/tpm0"
 
 // Claims reads this machine's claims, with its TPM's endorsement key where
 // it has one: discovery can then tie the ramdisk and the installed OS (whose

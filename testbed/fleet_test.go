@@ -77,6 +77,16 @@ func TestFleet(t *testing.T) {
 		t.Helper()
 		t.Fatalf("%v\n%s", err, f.Diagnostics())
 	}
+	// The machine with a TPM has its EK enrolled: its ramdisk must prove that
+	// TPM (credential activation) before deploy.image carries its token.
+	tpmMachine := f.Machines[1]
+	ek, err := ReadSWTPMEK(filepath.Join(tpmMachine.BMC.vmDir(), "tpm-state"))
+	if err != nil {
+		fail(err)
+	}
+	if _, err := f.BC("machines", "enroll-tpm", tpmMachine.Name, "--ek-sha256", ek); err != nil {
+		fail(err)
+	}
 	for _, m := range f.Machines {
 		if _, err := f.Deploy(m); err != nil {
 			fail(err)
@@ -86,6 +96,11 @@ func TestFleet(t *testing.T) {
 		if err := f.WaitState(ctx, m, "provisioned", 20*time.Minute); err != nil {
 			fail(err)
 		}
+	}
+	if out, err := f.BC("machines", "events", tpmMachine.Name); err != nil {
+		fail(err)
+	} else if strings.Contains(out, "deploy.held") || strings.Contains(out, "join.refused") || !strings.Contains(out, "proving TPM endorsement key "+ek) {
+		fail(fmt.Errorf("machine %s, its EK enrolled: its ramdisk did not join proving it, or was refused or held:\n%s", tpmMachine.Name, out))
 	}
 	for _, m := range f.Machines {
 		if id, session := f.node(m); id == "" || session == 0 {

@@ -114,7 +114,10 @@ type Client struct {
 	// Keys makes the node key; nil is agent.PKCS8Keys.
 	Keys agent.KeyStore
 	// TPM proves a tpm join: required with protocol.AttestorTPM (Keys must
-	// then make the node key in the same TPM).
+	// then make the node key in the same TPM). With protocol.AttestorDiscovery
+	// it is optional: the ramdisk's join then carries the TPM's evidence and
+	// answers the challenge of a control plane whose machine has the TPM's
+	// EK enrolled.
 	TPM TPMProver
 	// Witness, if set, gets the site agent's countersignature of a discovery
 	// join for the CSR's SHA-256 (lowercase hex), once per key.
@@ -185,13 +188,29 @@ func (c *Client) Join(ctx context.Context, req Request) (*agent.Identity, *agent
 		return nil, nil, errors.New("join: the CSR does not encode")
 	}
 	csrSHA := pki.CSRSHA256(blk.Bytes)
-	if req.Attestor == protocol.AttestorTPM {
+	digest := sha256.Sum256(blk.Bytes)
+	switch {
+	case req.Attestor == protocol.AttestorTPM:
 		if c.TPM == nil {
 			return nil, nil, errors.New("join: the tpm attestor needs the TPM")
 		}
-		digest := sha256.Sum256(blk.Bytes)
 		if req.TPM, err = c.TPM.Evidence(key.Signer, digest[:]); err != nil {
 			return nil, nil, fmt.Errorf("join: %w", err)
+		}
+	case req.Attestor == protocol.AttestorDiscovery && c.TPM != nil:
+		// A ramdisk with a TPM sends its evidence: the control plane
+		// challenges it for a machine whose EK is enrolled, and admits no
+		// ramdisk of such a machine without it. Without evidence the join
+		// goes on: a machine without an enrolled EK needs none.
+		ev, err := c.TPM.Evidence(key.Signer, digest[:])
+		if err != nil {
+			c.log().Warn("the TPM gives no evidence for this join; joining without it (a machine whose TPM is enrolled refuses such a ramdisk)", "error", err.Error())
+			break
+		}
+		req.TPM = ev
+		if ek, err := base64.StdEncoding.DecodeString(ev.EKPublic); err == nil {
+			// The claims name the EK the evidence proves.
+			req.Claims.TPMEK = string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: ek}))
 		}
 	}
 	if c.Witness != nil {

@@ -52,7 +52,7 @@ func tokenState(t store.Token, now time.Time) string {
 // toNode is n with its latest report on its daemon section (nil: none).
 func toNode(n store.Node, daemon *store.SectionStatus) apitype.NodeInfo {
 	info := apitype.NodeInfo{ID: n.ID, Role: n.Role, Site: n.Site, Pool: n.Pool, SPIFFEID: n.SPIFFEID, Claims: n.Claims,
-		SystemUUID: n.SystemUUID, TPMEKSHA256: n.TPMEKSHA256, TPMEKProven: n.TPMEKProven, CertSerial: n.CertSerial, CertNotAfter: n.CertNotAfter,
+		SystemUUID: n.SystemUUID, TPMEKSHA256: n.TPMEKSHA256, TPMEKProven: n.TPMEKProven, ProvenEKSHA256: n.ProvenEKSHA256, CertSerial: n.CertSerial, CertNotAfter: n.CertNotAfter,
 		State: n.State, Cordoned: n.Cordoned, CreatedAt: n.CreatedAt, UpdatedAt: n.UpdatedAt, JoinedAt: n.JoinedAt,
 		DeletedAt: n.DeletedAt, SessionID: n.SessionID, DaemonVersion: n.DaemonVersion, LastSeenAt: n.LastSeenAt,
 		SpecRevision: n.SpecRevision, Connected: n.SessionID != 0, DaemonArch: n.DaemonArch}

@@ -115,14 +115,17 @@ type NodeInfo struct {
 	TPMEKSHA256 string `json:"tpm_ek_sha256,omitempty"`
 	// TPMEKProven: the tpm attestor proved the EK; only the same TPM or a
 	// token bound to the node reclaims it.
-	TPMEKProven  bool      `json:"tpm_ek_proven,omitempty"`
-	CertSerial   string    `json:"cert_serial"`
-	CertNotAfter time.Time `json:"cert_not_after"`
-	State        string    `json:"state"`
-	Cordoned     bool      `json:"cordoned"`
-	CreatedAt    time.Time `json:"created_at"`
-	UpdatedAt    time.Time `json:"updated_at"`
-	JoinedAt     time.Time `json:"joined_at"`
+	TPMEKProven bool `json:"tpm_ek_proven,omitempty"`
+	// ProvenEKSHA256 is the TPM endorsement key its join proved by
+	// credential activation (tpm; a ramdisk of a machine with an enrolled EK).
+	ProvenEKSHA256 string    `json:"proven_ek_sha256,omitempty"`
+	CertSerial     string    `json:"cert_serial"`
+	CertNotAfter   time.Time `json:"cert_not_after"`
+	State          string    `json:"state"`
+	Cordoned       bool      `json:"cordoned"`
+	CreatedAt      time.Time `json:"created_at"`
+	UpdatedAt      time.Time `json:"updated_at"`
+	JoinedAt       time.Time `json:"joined_at"`
 	// DeletedAt is when the node was deleted (its identity revoked).
 	DeletedAt time.Time `json:"deleted_at,omitzero"`
 	// SessionID is the node's open gateway session, 0 when it has none.

@@ -51,7 +51,21 @@ func NonceHash(nonce string) token.Hash { return sha256.Sum256([]byte(nonce)) }
 // deferred (RetryAfter DiscoveryRetryAfter) and the nonce is bound to the
 // join's CSR: the same CSR retried after `machines approve` succeeds even
 // once the nonce's lifetime has passed, and no other key can use it.
-func NewDiscoveryAttestor(st DiscoveryStore) Attestor {
+//
+// A machine with an enrolled TPM endorsement key (machines enroll-tpm, or
+// an approved tpm join) admits only a ramdisk that proves that EK, in the
+// tpm attestor's two rounds (opts seal the challenge; see NewTPMAttestor):
+// the join carries the TPM's evidence (JoinRequest.TPM, with the AK's
+// certification of the node key), round one is answered with a credential
+// challenge sealed to the enrolled EK, and round two, with the secret only
+// that TPM recovers, is admitted with the EK as the ramdisk node's proven
+// EK (Admission.ProvenEK), which deploy.image requires. A join without the
+// evidence, of another EK, or whose evidence or answer does not verify is
+// refused ATTESTOR_REFUSED (INVALID_INPUT for evidence that does not
+// decode), with a join.refused entry on the machine's timeline. A machine
+// without an enrolled EK is admitted on the witness alone, as before, and
+// evidence sent for it is not looked at.
+func NewDiscoveryAttestor(st DiscoveryStore, opts TPMOptions) Attestor {
 	return AttestorFunc(func(ctx context.Context, r *Request) (Verdict, error) {
 		req := r.Join
 		switch {
@@ -87,16 +101,24 @@ func NewDiscoveryAttestor(st DiscoveryStore) Attestor {
 			m = store.Machine{}
 		}
 		deferredHere := n.CSRSHA256 != "" && n.CSRSHA256 == r.CSRSHA256
-		refused := func(code, format string, args ...any) (Verdict, error) {
-			e := refusal.New(code, format, args...)
+		refusedWith := func(e *refusal.Refusal, extra map[string]string) (Verdict, error) {
 			if m.ID != "" {
-				data, _ := json.Marshal(map[string]string{"code": code, "mac": n.MAC})
+				d := map[string]string{"code": e.Code, "mac": n.MAC}
+				for k, v := range extra {
+					if v != "" {
+						d[k] = v
+					}
+				}
+				data, _ := json.Marshal(d)
 				if err := st.AddMachineEvent(ctx, store.MachineEvent{MachineID: m.ID, Time: r.Now, Kind: protocol.MachineEventJoinRefused,
 					Message: "a ramdisk join was refused: " + e.Error(), Data: data}); err != nil {
 					return Verdict{}, err
 				}
 			}
 			return Verdict{}, e
+		}
+		refused := func(code, format string, args ...any) (Verdict, error) {
+			return refusedWith(refusal.New(code, format, args...), nil)
 		}
 		switch {
 		case !n.UsedAt.IsZero():
@@ -121,6 +143,13 @@ func NewDiscoveryAttestor(st DiscoveryStore) Attestor {
 		case m.ID == "":
 			return Verdict{}, refuse(protocol.CodeMachineNotRegistered, "MAC %s is not a machine of site %s (better-compute machines add --site %s --mac %s)",
 				n.MAC, n.Site, n.Site, n.MAC)
+		}
+		// A machine with an enrolled EK: the ramdisk proves it is that TPM's.
+		ek, err := checkMachineEK(r, opts, m)
+		if e := refusal.As(err); e != nil {
+			return refusedWith(e, map[string]string{"enrolled_ek_sha256": m.TPMEKSHA256, "ek_sha256": ek.ev.ekHash})
+		} else if err != nil {
+			return Verdict{}, err
 		}
 		// A second ramdisk for a machine whose ramdisk is connected: the
 		// machine cannot run two, so one of them is not the machine. Retryable,
@@ -163,9 +192,20 @@ func NewDiscoveryAttestor(st DiscoveryStore) Attestor {
 			}
 			return Verdict{RetryAfter: DiscoveryRetryAfter}, nil
 		}
+		if ek.required && !ek.proven {
+			ch, err := newChallenge(r, opts.Bundle, ek.ev)
+			if err != nil {
+				return Verdict{}, err
+			}
+			return Verdict{Challenge: ch}, nil
+		}
 		inventory, err := json.Marshal(req.Claims)
 		if err != nil {
 			return Verdict{}, fmt.Errorf("discovery: claims: %w", err)
+		}
+		provenEK := ""
+		if ek.proven {
+			provenEK = ek.ev.ekHash
 		}
 		return Verdict{Admit: &Admission{
 			Role:      protocol.RoleRamdisk,
@@ -175,8 +215,53 @@ func NewDiscoveryAttestor(st DiscoveryStore) Attestor {
 			Machine:   m.ID,
 			Inventory: inventory,
 			Retire:    m.BoundRamdisk,
+			ProvenEK:  provenEK,
 		}}, nil
 	})
+}
+
+// machineEK is what a discovery join showed of the machine's enrolled EK.
+type machineEK struct {
+	// required: the machine has an enrolled EK.
+	required bool
+	// ev is the join's TPM evidence, checked; proven: round two's answer to
+	// the challenge for it verified too.
+	ev     tpmEvidence
+	proven bool
+}
+
+// checkMachineEK checks a discovery join against machine m's enrolled EK:
+// nothing to check without one; else the join's TPM evidence must verify,
+// be of that EK, and in round two answer its challenge. A refusal says why.
+func checkMachineEK(r *Request, opts TPMOptions, m store.Machine) (machineEK, error) {
+	if m.TPMEKSHA256 == "" {
+		return machineEK{}, nil
+	}
+	ek := machineEK{required: true}
+	a := r.Join.TPM
+	if a == nil {
+		return ek, refuse(protocol.CodeAttestorRefused,
+			"machine %s has an enrolled TPM (endorsement key %s) and this ramdisk sent no TPM evidence: only a ramdisk that proves that TPM is admitted (one without a TPM, or that cannot use it, is not the machine)",
+			m.ID, m.TPMEKSHA256)
+	}
+	ev, err := checkTPMEvidence(r, opts.NodeKey)
+	if err != nil {
+		return ek, err
+	}
+	ek.ev = ev
+	if ev.ekHash != m.TPMEKSHA256 {
+		return ek, refuse(protocol.CodeAttestorRefused,
+			"machine %s has the TPM of endorsement key %s enrolled; this ramdisk's TPM has %s: refused (a TPM that is not the machine's; if the machine's TPM was replaced, enroll the new one's EK from a source you trust: better-compute machines enroll-tpm %s --ek-file F)",
+			m.ID, m.TPMEKSHA256, ev.ekHash, m.ID)
+	}
+	if a.ChallengeID == "" && a.Secret == "" {
+		return ek, nil
+	}
+	if err := checkChallenge(r, opts.Bundle, ev); err != nil {
+		return ek, err
+	}
+	ek.proven = true
+	return ek, nil
 }
 
 // checkWitness says why r's witness does not vouch for the join with nonce

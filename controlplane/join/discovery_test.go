@@ -21,7 +21,7 @@ import (
 func discoveryFixture(t *testing.T) *fixture {
 	t.Helper()
 	f := newFixture(t)
-	f.svc.Attestors[protocol.AttestorDiscovery] = NewDiscoveryAttestor(f.st)
+	f.svc.Attestors[protocol.AttestorDiscovery] = NewDiscoveryAttestor(f.st, TPMOptions{Bundle: f.b})
 	return f
 }
 

@@ -58,6 +58,13 @@
 // for that CSR. Ramdisk nodes keep no system UUID or TPM EK, so they never
 // take part in reclaims.
 //
+// A machine with an enrolled TPM EK admits only a ramdisk that proves it: the
+// join carries the tpm attestor's evidence and runs its two rounds (a
+// credential challenge sealed to the enrolled EK), and the EK is kept as the
+// ramdisk node's proven EK, which the lifecycle requires before it sends
+// deploy.image. No evidence, another EK or a wrong answer: ATTESTOR_REFUSED,
+// on the machine's timeline.
+//
 // # The tpm attestor
 //
 // A node proves its TPM in two rounds (protocol.TPMAttestation): round one

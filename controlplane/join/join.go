@@ -65,8 +65,10 @@ type Admission struct {
 	// Retire is a node the join replaces: the machine's previous ramdisk.
 	Retire string
 	// ProvenEK is the SHA-256 of the TPM endorsement key the attestor
-	// proved (tpm): it is the node's TPM EK whatever the claims say, and
-	// the join reclaims only a node of that EK.
+	// proved by credential activation: a tpm join's is the node's TPM EK
+	// whatever the claims say, and the join reclaims only a node of that
+	// EK; a ramdisk's (discovery, on a machine with an enrolled EK) is kept
+	// as the node's proven EK only (store.Node.ProvenEKSHA256).
 	ProvenEK string
 	// TPMEnrollment, when set, enrolls the proven EK for its machine with
 	// the node (a machine the operator approved).
@@ -316,7 +318,7 @@ func (s *Service) admit(ctx context.Context, r *Request, adm *Admission) (*proto
 	node := store.Node{
 		ID: nodeID, Role: adm.Role, Site: adm.Site, Pool: adm.Pool, SPIFFEID: spiffeID, Claims: claims,
 		SystemUUID: uuid, TPMEKSHA256: ek, TPMEKProven: ekProven(adm, existing, reclaim, ek), CertSerial: leaf.SerialNumber.Text(16), CertNotAfter: leaf.NotAfter,
-		CertKeySHA256: KeySHA256(leaf.RawSubjectPublicKeyInfo), State: protocol.NodeAdopting,
+		CertKeySHA256: KeySHA256(leaf.RawSubjectPublicKeyInfo), State: protocol.NodeAdopting, ProvenEKSHA256: adm.ProvenEK,
 	}
 	err = s.Store.Admit(ctx, store.Admission{TokenID: adm.TokenID, Node: node, Reclaim: reclaim, Now: r.Now,
 		BootNonce: adm.BootNonce, Machine: adm.Machine, Inventory: adm.Inventory, Retire: adm.Retire, TPMEnrollment: adm.TPMEnrollment})

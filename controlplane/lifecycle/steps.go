@@ -352,13 +352,18 @@ func (p *plan) ramdisk(ctx context.Context) error {
 			p.note(protocol.MachineEventNote, fmt.Sprintf("inventory %s: %s; deploying all the same", cmd.State, reasonOf(cmd)), nil)
 		}
 	}
-	return p.startDeploy("")
+	return p.startDeploy(ctx, "")
 }
 
-// startDeploy sends deploy.image with a fresh node id and token.
-func (p *plan) startDeploy(why string) error {
+// startDeploy sends deploy.image with a fresh node id and token, to a
+// ramdisk that proved the machine's enrolled TPM endorsement key when it
+// has one (see heldForEK).
+func (p *plan) startDeploy(ctx context.Context, why string) error {
 	d, m := &p.d, p.m
 	t := p.c.timeouts()
+	if held, err := p.heldForEK(ctx); held || err != nil {
+		return err
+	}
 	nodeID := ids.New(ids.PrefixNode, p.now)
 	j := token.NewJoin(p.now)
 	params, err := p.c.deployParams(m, d.Spec, j.Token, nodeID)
@@ -384,6 +389,35 @@ func (p *plan) startDeploy(why string) error {
 	}
 	p.state(store.MachineDeploying, reason)
 	return nil
+}
+
+// heldForEK holds deploy.image, which carries the installed OS's join
+// token, from a ramdisk that did not prove the machine's enrolled TPM
+// endorsement key (store.Node.ProvenEKSHA256): one that joined before the
+// EK was enrolled, or with another. A deploy.held entry goes on the
+// timeline and the machine PXE-boots the ramdisk again (whose join then
+// proves the EK), within the boot budget.
+func (p *plan) heldForEK(ctx context.Context) (bool, error) {
+	d, m := &p.d, p.m
+	if m.TPMEKSHA256 == "" {
+		return false, nil
+	}
+	n, err := p.c.Store.GetNode(ctx, d.RamdiskNode)
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		return false, err
+	}
+	if n.ProvenEKSHA256 == m.TPMEKSHA256 {
+		return false, nil
+	}
+	proved := "proved no TPM endorsement key"
+	if n.ProvenEKSHA256 != "" {
+		proved = "proved endorsement key " + n.ProvenEKSHA256
+	}
+	why := fmt.Sprintf("deploy.image held: machine %s has TPM endorsement key %s enrolled and ramdisk node %s %s; the installed OS's join token goes only to a ramdisk that proves the machine's TPM",
+		m.ID, m.TPMEKSHA256, d.RamdiskNode, proved)
+	p.note(protocol.MachineEventDeployHeld, why, map[string]any{"ramdisk": d.RamdiskNode, "enrolled_ek_sha256": m.TPMEKSHA256,
+		"proven_ek_sha256": n.ProvenEKSHA256})
+	return true, p.rebootIntoRamdisk(why)
 }
 
 // deployParams are an attempt's deploy.image params: the spec and the four
@@ -456,7 +490,7 @@ func (p *plan) deployFailed(ctx context.Context, why string) error {
 		return err
 	}
 	if live {
-		return p.startDeploy(why + "; sending it again")
+		return p.startDeploy(ctx, why+"; sending it again")
 	}
 	return p.rebootIntoRamdisk(why)
 }

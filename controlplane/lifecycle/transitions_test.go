@@ -212,6 +212,32 @@ func atInventory(w *world) {
 		Deadline: t0.Add(tmo.Inventory)})
 }
 
+// enrollEK enrolls a TPM endorsement key for the machine.
+func enrollEK(ek string) func(*world) {
+	return func(w *world) { w.editMachine(func(m *store.Machine) { m.TPMEKSHA256 = ek }) }
+}
+
+// provenEK: the deployment's ramdisk proved ek when it joined.
+func provenEK(ek string) func(*world) {
+	return func(w *world) {
+		n := w.s.nodes[ramdiskID]
+		n.ProvenEKSHA256 = ek
+		w.s.nodes[ramdiskID] = n
+	}
+}
+
+// noDeployHeld: no deploy.image and no join token for a held deploy.
+func noDeployHeld(t *testing.T, w *world, d store.Deployment) {
+	t.Helper()
+	for _, c := range w.s.commands {
+		if c.Kind == protocol.KindDeployImage {
+			t.Errorf("deploy.image %s was queued for %s", c.ID, c.NodeID)
+		}
+	}
+	want(t, "token", d.TokenID, "")
+	want(t, "tokens minted", len(w.s.tokens), 0)
+}
+
 func atInventoryLost(w *world) { // its session closed 30 s ago
 	atInventory(w)
 	w.disconnect(ramdiskID)
@@ -484,6 +510,21 @@ func transitions() []transition {
 				want(t, "deploy attempts", d.DeployAttempts, 1)
 				want(t, "deadline", d.Deadline, w.now.Add(tmo.Deploy))
 			}},
+		{name: "inventory/answered, machine's EK proven by the ramdisk, sends deploy.image", from: then(atInventory, enrollEK("ek_m"), provenEK("ek_m")),
+			event: cmdStatus(invCmd, protocol.StateSucceeded, ""),
+			state: store.MachineDeploying, step: StepDeploy, cmds: []string{cmd(deploy, ramdiskID)}, events: []string{evState, evCommand}},
+		{name: "inventory/answered, machine's EK not proven by the ramdisk, holds deploy.image and power-cycles",
+			from: then(atInventory, enrollEK("ek_m")), event: cmdStatus(invCmd, protocol.StateSucceeded, ""),
+			state: store.MachinePXEBooting, step: StepBootdev, events: []string{evState, protocol.MachineEventDeployHeld},
+			reason: "ramdisk node n_rd proved no TPM endorsement key", check: noDeployHeld},
+		{name: "inventory/answered, ramdisk proved another EK, holds deploy.image",
+			from: then(atInventory, enrollEK("ek_m"), provenEK("ek_other")), event: cmdStatus(invCmd, protocol.StateSucceeded, ""),
+			state: store.MachinePXEBooting, step: StepBootdev, events: []string{evState, protocol.MachineEventDeployHeld},
+			reason: "proved endorsement key ek_other", check: noDeployHeld},
+		{name: "inventory/answered, EK not proven, boot budget used up, fails", from: then(atInventory, enrollEK("ek_m"), func(w *world) {
+			w.editDep(func(d *store.Deployment) { d.BootAttempts = 1 + DefaultBootRetries })
+		}), event: cmdStatus(invCmd, protocol.StateSucceeded, ""), state: store.MachineFailed, step: StepDone,
+			events: []string{evState, protocol.MachineEventDeployHeld}, reason: "deploy.image held", check: noDeployHeld},
 		{name: "inventory/FAILED deploys all the same", from: atInventory, event: cmdStatus(invCmd, protocol.StateFailed, "NoLshw"),
 			state: store.MachineDeploying, step: StepDeploy, cmds: []string{cmd(deploy, ramdiskID)}, events: []string{evState, protocol.MachineEventNote, evCommand}},
 		{name: "inventory/pending within its timeout waits", from: atInventory, event: after(tmo.Inventory - time.Second),

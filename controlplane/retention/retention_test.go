@@ -175,7 +175,7 @@ func TestBootNonceFloodIsPruned(t *testing.T) {
 	// The ramdisk booted with the last script served joins on its nonce.
 	b := cptest.NewBundle(t)
 	svc := &join.Service{Bundle: b, Store: st, Attestors: map[string]join.Attestor{
-		protocol.AttestorDiscovery: join.NewDiscoveryAttestor(st)}}
+		protocol.AttestorDiscovery: join.NewDiscoveryAttestor(st, join.TPMOptions{Bundle: b})}}
 	a := cptest.NewAgent(t)
 	req := a.DiscoveryRequest(newest, cptest.MAC)
 	req.Site = cptest.Site

@@ -106,9 +106,14 @@ type Node struct {
 	// TPMEKProven: the tpm attestor proved TPMEKSHA256 (it is not only a
 	// claim). Such a node is reclaimed only by a join that proves the same
 	// EK, or by a token bound to its id, never by its old key's proof.
-	TPMEKProven  bool      `json:"tpm_ek_proven,omitempty"`
-	CertSerial   string    `json:"cert_serial"`
-	CertNotAfter time.Time `json:"cert_not_after"`
+	TPMEKProven bool `json:"tpm_ek_proven,omitempty"`
+	// ProvenEKSHA256 is the TPM endorsement key the node's join proved by
+	// credential activation (a tpm join; a ramdisk's discovery join on a
+	// machine with an enrolled EK), "" when its join proved none. A ramdisk
+	// keeps it here, not in TPMEKSHA256, so it takes part in no reclaim.
+	ProvenEKSHA256 string    `json:"proven_ek_sha256,omitempty"`
+	CertSerial     string    `json:"cert_serial"`
+	CertNotAfter   time.Time `json:"cert_not_after"`
 	// CertKeySHA256 is the hex SHA-256 of the current certificate's
 	// SubjectPublicKeyInfo. PrevCertSerial is the certificate a renewal
 	// replaced ("" after a join): the node holds it until it has stored the

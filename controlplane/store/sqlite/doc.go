@@ -21,7 +21,8 @@
 //	                spec_revision, cert_key_sha256 (the current certificate's
 //	                key), prev_cert_serial (the one the last renewal replaced),
 //	                daemon_arch, daemon_target, tpm_ek_proven (1: the tpm
-//	                attestor proved tpm_ek_sha256)
+//	                attestor proved tpm_ek_sha256),
+//	                proven_ek_sha256 (the TPM EK its join proved, '' for none)
 //	node_sessions   id PK, node_id, role, daemon_version, boot_id,
 //	                protocol_version, remote_addr, connected_at,
 //	                disconnected_at

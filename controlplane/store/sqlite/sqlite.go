@@ -25,7 +25,7 @@ const DBFile = "better-compute.db"
 // database runs them all. Each is append-only: a released migration is
 // never edited.
 var migrations = []string{schemaV1, schemaV2, schemaV3, schemaV4, schemaV5, schemaV6, schemaV7, schemaV8,
-	schemaRetention, schemaEKProven, schemaImages}
+	schemaRetention, schemaEKProven, schemaImages, schemaProvenEK}
 
 // schemaVersion is PRAGMA user_version of a database this build has migrated.
 var schemaVersion = len(migrations)
@@ -220,6 +220,13 @@ ALTER TABLE nodes ADD COLUMN prev_cert_serial TEXT NOT NULL DEFAULT '';
 // and daemon target (its spec's daemon section), its latest report on
 // each section, and rollouts with their nodes and timelines.
 // schemaV8 gives a pool policy its disruption budget (rollouts).
+// schemaProvenEK keeps the TPM endorsement key a node's join proved by
+// credential activation: a tpm join's, and a ramdisk's of a machine with an
+// enrolled EK (deploy.image goes only to a ramdisk that proved it).
+const schemaProvenEK = `
+ALTER TABLE nodes ADD COLUMN proven_ek_sha256 TEXT NOT NULL DEFAULT '';
+`
+
 const schemaV8 = `
 ALTER TABLE pool_policies ADD COLUMN max_unavailable INTEGER NOT NULL DEFAULT 0;
 `

@@ -610,6 +610,10 @@ func bindMachine(ctx context.Context, tx *sql.Tx, a store.Admission) error {
 			}
 		}
 	}
+	msg := "the " + what + " joined as node " + n.ID
+	if n.ProvenEKSHA256 != "" {
+		msg += ", proving TPM endorsement key " + n.ProvenEKSHA256
+	}
 	return addMachineEvent(ctx, tx, store.MachineEvent{MachineID: a.Machine, Time: a.Now, Kind: protocol.MachineEventJoin,
-		Message: "the " + what + " joined as node " + n.ID, NodeID: n.ID})
+		Message: msg, NodeID: n.ID})
 }

@@ -14,7 +14,7 @@ import (
 
 const nodeColumns = `id, role, site, pool, spiffe_id, claims, system_uuid, tpm_ek_sha256, cert_serial, cert_not_after,
 	state, cordoned, created_at, updated_at, joined_at, deleted_at, session_id, daemon_version, last_seen_at, spec_revision,
-	cert_key_sha256, prev_cert_serial, daemon_arch, daemon_target, tpm_ek_proven`
+	cert_key_sha256, prev_cert_serial, daemon_arch, daemon_target, tpm_ek_proven, proven_ek_sha256`
 
 func scanNode(sc interface{ Scan(...any) error }) (store.Node, error) {
 	var n store.Node
@@ -24,7 +24,7 @@ func scanNode(sc interface{ Scan(...any) error }) (store.Node, error) {
 	if err := sc.Scan(&n.ID, &n.Role, &n.Site, &n.Pool, &n.SPIFFEID, &claims, &n.SystemUUID, &n.TPMEKSHA256,
 		&n.CertSerial, &notAfter, &n.State, &n.Cordoned, &created, &updated, &joined, &deleted, &session,
 		&n.DaemonVersion, &lastSeen, &n.SpecRevision, &n.CertKeySHA256, &n.PrevCertSerial,
-		&n.DaemonArch, &target, &n.TPMEKProven); err != nil {
+		&n.DaemonArch, &target, &n.TPMEKProven, &n.ProvenEKSHA256); err != nil {
 		return store.Node{}, err
 	}
 	if target.Valid {
@@ -61,18 +61,18 @@ func (s *sqliteStore) Admit(ctx context.Context, a store.Admission) error {
 		if a.Reclaim {
 			if err := updateLiveNode(ctx, tx, n.ID, `role = ?, site = ?, pool = ?, spiffe_id = ?, claims = ?,
 				system_uuid = ?, tpm_ek_sha256 = ?, cert_serial = ?, cert_not_after = ?, state = ?,
-				updated_at = ?, joined_at = ?, cert_key_sha256 = ?, prev_cert_serial = '', tpm_ek_proven = ?`,
+				updated_at = ?, joined_at = ?, cert_key_sha256 = ?, prev_cert_serial = '', tpm_ek_proven = ?, proven_ek_sha256 = ?`,
 				n.Role, n.Site, n.Pool, n.SPIFFEID, claims, n.SystemUUID, n.TPMEKSHA256, n.CertSerial,
-				ms(n.CertNotAfter), n.State, ms(a.Now), ms(a.Now), n.CertKeySHA256, n.TPMEKProven); err != nil {
+				ms(n.CertNotAfter), n.State, ms(a.Now), ms(a.Now), n.CertKeySHA256, n.TPMEKProven, n.ProvenEKSHA256); err != nil {
 				return err
 			}
 		} else {
 			_, err := tx.ExecContext(ctx, `INSERT INTO nodes (id, role, site, pool, spiffe_id, claims, system_uuid,
 				tpm_ek_sha256, cert_serial, cert_not_after, state, cordoned, created_at, updated_at, joined_at,
-				cert_key_sha256, tpm_ek_proven)
-				VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?)`,
+				cert_key_sha256, tpm_ek_proven, proven_ek_sha256)
+				VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?)`,
 				n.ID, n.Role, n.Site, n.Pool, n.SPIFFEID, claims, n.SystemUUID, n.TPMEKSHA256, n.CertSerial,
-				ms(n.CertNotAfter), n.State, ms(a.Now), ms(a.Now), ms(a.Now), n.CertKeySHA256, n.TPMEKProven)
+				ms(n.CertNotAfter), n.State, ms(a.Now), ms(a.Now), ms(a.Now), n.CertKeySHA256, n.TPMEKProven, n.ProvenEKSHA256)
 			if isConstraint(err) {
 				return store.ErrExists
 			}
