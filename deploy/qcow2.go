@@ -234,7 +234,7 @@ func (d *Deployer) writeQCOW2(ctx context.Context, h *qcow2Header, r io.Reader, 
 	c := &qcow2Converter{h: h, cs: 1 << h.clusterBits, imageSize: imageSize, fileSize: fileSize, holdMax: holdMax, w: w,
 		l2Left: -1, roles: map[int64]qcow2Role{}, held: map[int64][]byte{}, window: map[int64][]byte{}, need: map[int64]int{}, claimed: map[int64][][2]int64{}, eofAt: -1}
 	defer c.close()
-	err := c.run(ctx, r, func() { rep.update(w.written(), src.received(), false) })
+	err := c.run(ctx, r, func() { rep.update(w.progress(), src.received(), false) })
 	if werr := w.finish(err == nil); err == nil {
 		err = werr
 	}
@@ -654,7 +654,10 @@ type guestWriter struct {
 	imageSize int64
 	head      []byte
 	cbits     uint32
-	bitmap    []uint64 // guest clusters written
+	// written has a bit per guest cluster written, in words of 64 clusters
+	// (only words with a bit set: a disk's size in small clusters would not fit
+	// in memory as a flat bitmap); nil on a target zeroed first.
+	written map[int64]uint64
 
 	run      []byte
 	runStart int64
@@ -680,7 +683,7 @@ func newGuestWriter(t *target, imageSize int64, cbits uint32, writers int) *gues
 	w := &guestWriter{t: t, imageSize: imageSize, head: alignedBuffer(int(min(int64(wipeSize), imageSize))), cbits: cbits,
 		free: make(chan []byte, writers+2), jobs: make(chan gwJob), runStart: -1}
 	if !t.zeroed {
-		w.bitmap = make([]uint64, (imageSize>>cbits)/64+1)
+		w.written = map[int64]uint64{}
 	}
 	for i := 0; i < writers+2; i++ {
 		w.free <- alignedBuffer(guestRun)
@@ -716,7 +719,7 @@ func (w *guestWriter) err() error {
 	return w.werr
 }
 
-func (w *guestWriter) written() int64 {
+func (w *guestWriter) progress() int64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.done
@@ -728,9 +731,9 @@ func (w *guestWriter) write(off int64, p []byte) error {
 		return nil
 	}
 	p = p[:min(int64(len(p)), w.imageSize-off)]
-	if w.bitmap != nil {
+	if w.written != nil {
 		c := off >> w.cbits
-		w.bitmap[c/64] |= 1 << (c % 64)
+		w.written[c/64] |= 1 << (c % 64)
 	}
 	if hl := int64(len(w.head)); off < hl {
 		k := copy(w.head[off:], p)
@@ -769,29 +772,42 @@ func (w *guestWriter) finish(ok bool) error {
 	}
 	close(w.jobs)
 	w.wg.Wait()
-	if err := w.err(); err != nil || !ok || w.bitmap == nil {
+	if err := w.err(); err != nil || !ok || w.written == nil {
 		return err
 	}
 	zero := alignedBuffer(guestRun)
 	cs := int64(1) << w.cbits
 	hl := int64(len(w.head))
-	n := (w.imageSize + cs - 1) / cs
-	for c := int64(0); c < n; {
-		if w.bitmap[c/64]&(1<<(c%64)) != 0 {
-			c++
-			continue
-		}
-		e := c
-		for e < n && w.bitmap[e/64]&(1<<(e%64)) == 0 && (e-c+1)*cs <= guestRun {
-			e++
-		}
-		a, b := max(c*cs, hl), min(e*cs, w.imageSize)
-		if a < b {
-			if err := w.t.writeAt(zero[:b-a], a); err != nil {
+	// zeroClusters zeros guest clusters [a, b), but the head and past the end.
+	zeroClusters := func(a, b int64) error {
+		for lo, hi := max(a*cs, hl), min(b*cs, w.imageSize); lo < hi; {
+			n := min(hi-lo, guestRun)
+			if err := w.t.writeAt(zero[:n], lo); err != nil {
 				return err
 			}
+			lo += n
 		}
-		c = e
+		return nil
 	}
-	return nil
+	words := make([]int64, 0, len(w.written))
+	for k := range w.written {
+		words = append(words, k)
+	}
+	sort.Slice(words, func(i, j int) bool { return words[i] < words[j] })
+	n := (w.imageSize + cs - 1) / cs
+	var next int64 // the first cluster not yet seen to
+	for _, k := range words {
+		bits := w.written[k]
+		for b := int64(0); b < 64; b++ {
+			if bits&(1<<b) == 0 {
+				continue
+			}
+			c := k*64 + b
+			if err := zeroClusters(next, c); err != nil {
+				return err
+			}
+			next = c + 1
+		}
+	}
+	return zeroClusters(next, n)
 }
