@@ -661,7 +661,8 @@ type guestWriter struct {
 
 	run      []byte
 	runStart int64
-	free     chan []byte
+	free     chan []byte // run buffers back from the writers
+	nbuf     int         // run buffers made so far, of cap(free)
 	jobs     chan gwJob
 	wg       sync.WaitGroup
 	mu       sync.Mutex
@@ -684,9 +685,6 @@ func newGuestWriter(t *target, imageSize int64, cbits uint32, writers int) *gues
 		free: make(chan []byte, writers+2), jobs: make(chan gwJob), runStart: -1}
 	if !t.zeroed {
 		w.written = map[int64]uint64{}
-	}
-	for i := 0; i < writers+2; i++ {
-		w.free <- alignedBuffer(guestRun)
 	}
 	for i := 0; i < writers; i++ {
 		w.wg.Add(1)
@@ -747,7 +745,7 @@ func (w *guestWriter) write(off int64, p []byte) error {
 			w.flush()
 		}
 		if w.run == nil {
-			w.run = (<-w.free)[:0]
+			w.run = w.buffer()
 			w.runStart = off
 		}
 		k := min(len(p), cap(w.run)-len(w.run))
@@ -755,6 +753,21 @@ func (w *guestWriter) write(off int64, p []byte) error {
 		p, off = p[k:], off+int64(k)
 	}
 	return w.err()
+}
+
+// buffer returns an empty run buffer: a free one, or a new one while fewer than
+// cap(free) exist (a small image needs only one).
+func (w *guestWriter) buffer() []byte {
+	select {
+	case b := <-w.free:
+		return b[:0]
+	default:
+	}
+	if w.nbuf < cap(w.free) {
+		w.nbuf++
+		return alignedBuffer(guestRun)[:0]
+	}
+	return (<-w.free)[:0]
 }
 
 func (w *guestWriter) flush() {
