@@ -565,11 +565,16 @@ func (c *qcow2Converter) decodePending() error {
 	return nil
 }
 
+// coverSlack is the gap between two compressed clusters' ranges that still
+// counts as covered: the deflate decoder stops a byte or two before the end of
+// what qemu-img allocated, and no compressed cluster is that short.
+const coverSlack = 8
+
 // covered says whether the ranges cover [a, b).
 func covered(ranges [][2]int64, a, b int64) bool {
 	sort.Slice(ranges, func(i, j int) bool { return ranges[i][0] < ranges[j][0] })
 	for _, r := range ranges {
-		if r[0] > a {
+		if r[0] > a+coverSlack {
 			return false
 		}
 		a = max(a, r[1])
@@ -611,13 +616,51 @@ func (c *qcow2Converter) decompress(data []byte) ([]byte, int64, error) {
 		}
 		return nil, 0, err
 	}
-	used := int64(len(data))
-	if c.h.compression == 0 {
-		// The deflate reader reads a bytes.Reader byte by byte, no further
-		// than the stream's end.
-		used -= int64(br.Len())
+	used := int64(len(data)) - int64(br.Len())
+	if c.h.compression == 1 {
+		// The zstd decoder reads ahead: the frame's own length says.
+		used = zstdFrameLen(data)
 	}
 	return out, used, nil
+}
+
+// zstdFrameLen is the length of the zstd frame at the start of b (RFC 8878),
+// or len(b) when it cannot tell.
+func zstdFrameLen(b []byte) int64 {
+	if len(b) < 6 || binary.LittleEndian.Uint32(b) != 0xfd2fb528 {
+		return int64(len(b))
+	}
+	fhd := b[4]
+	n := 5
+	single := fhd&0x20 != 0
+	if !single {
+		n++ // window descriptor
+	}
+	n += []int{0, 1, 2, 4}[fhd&3] // dictionary id
+	fcs := []int{0, 2, 4, 8}[fhd>>6]
+	if fcs == 0 && single {
+		fcs = 1
+	}
+	n += fcs
+	for n+3 <= len(b) {
+		h := int(b[n]) | int(b[n+1])<<8 | int(b[n+2])<<16
+		n += 3
+		size := h >> 3
+		if (h>>1)&3 == 1 { // RLE: one byte
+			size = 1
+		}
+		n += size
+		if h&1 != 0 {
+			if fhd&4 != 0 {
+				n += 4 // content checksum
+			}
+			if n > len(b) {
+				return int64(len(b))
+			}
+			return int64(n)
+		}
+	}
+	return int64(len(b))
 }
 
 // end checks that every table and cluster the image names was in the file.
