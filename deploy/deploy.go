@@ -59,6 +59,10 @@ type Deployer struct {
 	StallTimeout time.Duration
 	// PureGoXZ decodes xz in Go even when the xz tool is on PATH.
 	PureGoXZ bool
+	// QCOW2Hold bounds the memory that holds a qcow2 image's clusters which
+	// arrive before the table that maps them (default DefaultQCOW2Hold, 64 MiB);
+	// an image whose layout needs more is refused.
+	QCOW2Hold int64
 	// SkipFsck skips the e2fsck -fn that follows writing into the root filesystem.
 	SkipFsck bool
 	// ProgressInterval is the least time between two progress calls (default 250ms).
@@ -256,10 +260,30 @@ func (d *Deployer) Deploy(ctx context.Context, p Request, progress func(Progress
 			return res, streamErr(reasonDecompress, "wrong format", err)
 		}
 	}
+	var qh *qcow2Header
 	if format == protocol.FormatQCOW2 {
-		return res, failf(reasonNotImplemented, "qcow2 not implemented")
-	}
-	if format != protocol.FormatRaw && img.ImageSize == 0 {
+		// The header says the virtual size and whether the image can be
+		// converted at all: refused here, the disk is left as it was.
+		hb, _ := br.Peek(qcow2HeaderPeek)
+		if qh, err = parseQCOW2Header(hb); err != nil {
+			qe := err.(*qcow2Error)
+			return res, &Error{Reason: qe.reason, Err: fmt.Errorf("deploy: image %s: %w", protocol.RedactURL(img.URL), err)}
+		}
+		if img.ImageSize != 0 && img.ImageSize != qh.size {
+			return res, failf(reasonInvalid, "image.image_size: %d differs from the qcow2 header's virtual size %d", img.ImageSize, qh.size)
+		}
+		if imageSize != qh.size {
+			// The disk was chosen for the served size: choose again for the
+			// virtual one.
+			imageSize = qh.size
+			rep.total = imageSize
+			if path, disk, block, err = d.selectTarget(p.Target, imageSize); err != nil {
+				return res, err
+			}
+			res.Target = disk
+			log = log.With("target", path)
+		}
+	} else if format != protocol.FormatRaw && img.ImageSize == 0 {
 		return res, failf(reasonInvalid, "image.image_size: required for a %s image", format)
 	}
 	if format == protocol.FormatRaw && img.ImageSize != 0 && img.ImageSize != img.Size {
@@ -283,39 +307,33 @@ func (d *Deployer) Deploy(ctx context.Context, p Request, progress func(Progress
 	res.Direct, res.SkippedZeros = isDirect(t.direct), t.zeroed
 	log.Info("deploy: writing", "format", format, "image_size", imageSize, "direct", res.Direct, "skip_zeros", t.zeroed)
 
-	dec, err := d.newDecoder(dlCtx, format, stream)
-	if err != nil {
-		if _, ok := err.(*Error); ok {
-			return res, err
-		}
-		return res, streamErr(reasonDecompress, "corrupt compressed stream", err)
-	}
 	rep.setStage(StageWrite)
 	writeStart := time.Now()
-	head, _, err := d.copyImage(ctx, dec, t, imageSize, rep, src, dlCancel)
-	var short *shortError
-	if err == nil || errors.As(err, &short) {
-		// The decoder's output ended: xz has exited, and its status says whether
-		// the stream was whole.
-		if ferr := dec.finish(); ferr != nil {
-			err = &decodeError{ferr}
+	var head []byte
+	if qh != nil {
+		head, err = d.writeQCOW2(dlCtx, qh, stream, t, imageSize, img.Size, rep, src)
+		if err != nil {
+			dlCancel()
+		} else {
+			_, _ = io.Copy(io.Discard, stream) // a failure is recorded by the source
 		}
-	}
-	if err != nil {
-		dlCancel()
-	}
-	// Nothing may read the source once we look at it: the zstd decoder reads ahead
-	// in goroutines of its own, and Close waits for them.
-	dec.close()
-	if err == nil {
-		// What the server still sends after the image's end counts for the digest.
-		_, _ = io.Copy(io.Discard, stream) // a failure is recorded by the source
+	} else {
+		dec, derr := d.newDecoder(dlCtx, format, stream)
+		if derr != nil {
+			if _, ok := derr.(*Error); ok {
+				return res, derr
+			}
+			return res, streamErr(reasonDecompress, "corrupt compressed stream", derr)
+		}
+		head, err = d.copyRaw(ctx, dec, t, imageSize, rep, src, dlCancel, stream)
 	}
 	src.stall.Stop()
 	st := src.state()
 	received, sum, srcErr := st.hashed, st.sum, st.err
 	var se *sizeError
 	var de *decodeError
+	var short *shortError
+	var qe *qcow2Error
 	switch {
 	case err == nil && srcErr == nil:
 	case ctx.Err() != nil:
@@ -332,6 +350,8 @@ func (d *Deployer) Deploy(ctx context.Context, p Request, progress func(Progress
 		return res, streamErr(reasonSize, "size mismatch", err)
 	case errors.As(err, &de):
 		return res, streamErr(reasonDecompress, "corrupt compressed stream", err)
+	case errors.As(err, &qe):
+		return res, &Error{Reason: qe.reason, Err: fmt.Errorf("deploy: image %s: %w", protocol.RedactURL(img.URL), err)}
 	default:
 		return res, &Error{Reason: reasonWrite, Err: fmt.Errorf("deploy: %s: %w", path, err)}
 	}
@@ -388,14 +408,36 @@ func (d *Deployer) Deploy(ctx context.Context, p Request, progress func(Progress
 	return res, nil
 }
 
+// copyRaw writes a raw or compressed raw image through dec, and drains what the
+// server sends after its end.
+func (d *Deployer) copyRaw(ctx context.Context, dec *decoder, t *target, imageSize int64, rep *reporter, src *source, dlCancel func(), stream io.Reader) ([]byte, error) {
+	head, _, err := d.copyImage(ctx, dec, t, imageSize, rep, src, dlCancel)
+	var short *shortError
+	if err == nil || errors.As(err, &short) {
+		// The decoder's output ended: xz has exited, and its status says whether
+		// the stream was whole.
+		if ferr := dec.finish(); ferr != nil {
+			err = &decodeError{ferr}
+		}
+	}
+	if err != nil {
+		dlCancel()
+	}
+	// Nothing may read the source once we look at it: the zstd decoder reads ahead
+	// in goroutines of its own, and Close waits for them.
+	dec.close()
+	if err == nil {
+		// What the server still sends after the image's end counts for the digest.
+		_, _ = io.Copy(io.Discard, stream) // a failure is recorded by the source
+	}
+	return head, err
+}
+
 // policy applies what the agent allows on top of the params' own validity.
 func (d *Deployer) policy(p *Request) error {
 	u, _ := url.Parse(p.Image.URL)
 	if u.Scheme == "http" && !d.AllowHTTP {
 		return failf(reasonInvalid, "image %s: http is not allowed here, want https", protocol.RedactURL(p.Image.URL))
-	}
-	if p.Image.Format == protocol.FormatQCOW2 {
-		return failf(reasonNotImplemented, "qcow2 not implemented")
 	}
 	if p.Proxy != "" {
 		if _, err := parseProxy(p.Proxy); err != nil {

@@ -416,7 +416,6 @@ func TestDeployPolicy(t *testing.T) {
 		want   string
 	}{
 		{"http refused", func(d *Deployer) { d.AllowHTTP = false }, nil, protocol.DeployReasonInvalid, "http is not allowed"},
-		{"qcow2", nil, func(p *Request) { p.Image.Format = protocol.FormatQCOW2 }, protocol.DeployReasonNotImplemented, "deploy: qcow2 not implemented"},
 		{"file target refused", func(d *Deployer) { d.AllowFileTarget = false }, nil, protocol.DeployReasonNoDisk, "is a file, not a disk"},
 		{"bad sha", nil, func(p *Request) { p.Image.SHA256 = "abc" }, protocol.DeployReasonInvalid, "image.sha256"},
 		{"zstd declared raw", nil, func(p *Request) {

@@ -1,14 +1,22 @@
 // Package deploy carries out the ramdisk's deploy.image. It takes a Request, its
 // own type (the ramdisk converts the wire's protocol.DeployImageParams), and
-// streams a disk image over HTTP(S) (raw, gzip, xz or zstd; qcow2 is refused as
-// not implemented),
-// hashes the served bytes, and decompresses and writes them in one pass with
-// bounded memory: a reader runs ahead of the writers on a ring of 4 MiB buffers,
+// streams a disk image over HTTP(S) (raw, gzip, xz, zstd or qcow2), hashes the
+// served bytes, and decompresses and writes them in one pass with bounded memory: a reader runs ahead of the writers on a ring of 4 MiB buffers,
 // writes go out with O_DIRECT where the device takes it, and zero blocks are
 // skipped on a target zeroed first (BLKZEROOUT where the device offloads it, or a
 // fresh sparse file). The first MiB of the image (protective MBR and primary GPT)
 // is held back until the SHA-256 and the size check out, and any failure wipes the
 // first and last MiB of the disk, so a half-written image never boots.
+//
+// A qcow2 image (version 2 or 3, deflate- or zstd-compressed clusters) is
+// converted as it streams, with no copy of the file: each data cluster goes to
+// its guest offset once the L2 table that maps it has been read, and clusters
+// that arrive before their table are held in memory up to Deployer.QCOW2Hold
+// (64 MiB). The header's virtual size is the image size (image_size, when given,
+// must equal it). Refused, with the reason in the error: a backing file, an
+// encrypted image, an external data file, extended L2 entries, unknown
+// incompatible features (all before the disk is opened), and a layout that needs
+// more than the bound (during the write: the disk is wiped).
 //
 // Once the image is good, Deploy re-reads the partition table (BLKRRPART, and its
 // own GPT reader, which works on image files and on kernels without partition

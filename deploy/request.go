@@ -42,7 +42,8 @@ type Image struct {
 	// means tell from the stream's first bytes.
 	Format string
 	// ImageSize is the length once decompressed: required for a compressed
-	// format, equal to Size or zero for raw.
+	// format, equal to Size or zero for raw; for qcow2, zero or the header's
+	// virtual size.
 	ImageSize int64
 }
 

@@ -55,7 +55,7 @@ type DeployImage struct {
 	Format string `json:"format,omitempty"`
 	// ImageSize is the disk image's length once decompressed: required for a
 	// compressed format (it picks the disk and bounds the write), equal to Size or
-	// zero for raw.
+	// zero for raw; for qcow2, zero or the header's virtual size.
 	ImageSize int64 `json:"image_size,omitempty"`
 }
 

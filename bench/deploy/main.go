@@ -3,7 +3,8 @@
 // served over HTTP on 127.0.0.1 and written, SHA-256 checked, to a file and (as
 // root) to a loop device, next to dd bs=4M oflag=direct (conv=sparse for the
 // sparse image), curl | dd (and with a sha256sum beside it, as deploy does), and
-// curl | zstd -dc | dd and curl | xz -dc | dd. Each
+// curl | zstd -dc | dd and curl | xz -dc | dd, and a qcow2 of the sparse image
+// (plain and -c) deployed beside qemu-img convert -O raw of it. Each
 // case runs -runs times, interleaved; the table shows medians in MB/s (image bytes,
 // 10^6 per MB, fsync included), the CPU time each case spent per GiB, and the
 // ratios the deploy package aims at. On this shared machine the CPU column is the
@@ -85,7 +86,7 @@ func run(args []string, stdout io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	for _, tool := range []string{"dd", "curl", "zstd", "xz", "bash", "tee", "sha256sum"} {
+	for _, tool := range []string{"dd", "curl", "zstd", "xz", "bash", "tee", "sha256sum", "qemu-img"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			return fmt.Errorf("%s is not installed", tool)
 		}
@@ -95,10 +96,6 @@ func run(args []string, stdout io.Writer) error {
 	}
 	if !*keep {
 		defer os.RemoveAll(*dir)
-	}
-	imgs, err := makeImages(*dir, *size)
-	if err != nil {
-		return err
 	}
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -138,6 +135,15 @@ func run(args []string, stdout io.Writer) error {
 		{name: "deploy zstd", image: "zst", deploy: true},
 		{name: "curl | xz -dc -T0 | dd", shell: "curl -sf URL:xz | xz -dc -T0 | dd of=TARGET bs=4M iflag=fullblock oflag=direct conv=fsync status=none"},
 		{name: "deploy xz", image: "xz", deploy: true},
+		// qcow2 (of the sparse image; -c: compressed clusters): qemu-img needs the
+		// file on disk, so its fair peer downloads it first; deploy converts as it
+		// streams.
+		{name: "qemu-img convert -O raw qcow2 (local file)", shell: "ZERO && qemu-img convert -n -t none -f qcow2 -O raw IMG:qcow2 TARGET"},
+		{name: "curl -o + qemu-img convert qcow2", shell: "ZERO && curl -sf -o DIR/dl.qcow2 URL:qcow2 && qemu-img convert -n -t none -f qcow2 -O raw DIR/dl.qcow2 TARGET && rm DIR/dl.qcow2"},
+		{name: "deploy qcow2", image: "qcow2", deploy: true},
+		{name: "qemu-img convert -O raw qcow2 -c (local file)", shell: "ZERO && qemu-img convert -n -t none -f qcow2 -O raw IMG:qcow2c TARGET"},
+		{name: "curl -o + qemu-img convert qcow2 -c", shell: "ZERO && curl -sf -o DIR/dl.qcow2 URL:qcow2c && qemu-img convert -n -t none -f qcow2 -O raw DIR/dl.qcow2 TARGET && rm DIR/dl.qcow2"},
+		{name: "deploy qcow2 -c", image: "qcow2c", deploy: true},
 	}
 	if *only != "" {
 		re, err := regexp.Compile(*only)
@@ -160,6 +166,20 @@ func run(args []string, stdout io.Writer) error {
 			}
 		}
 		cases = keep
+	}
+	// Only the images the cases use are made.
+	need := map[string]bool{}
+	for _, c := range cases {
+		need[c.image] = true
+		for _, name := range []string{"raw", "sparse", "zst", "xz", "qcow2", "qcow2c"} {
+			if strings.Contains(c.shell, ":"+name+" ") {
+				need[name] = true
+			}
+		}
+	}
+	imgs, err := makeImages(*dir, *size, need)
+	if err != nil {
+		return err
 	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
@@ -237,6 +257,10 @@ func run(args []string, stdout io.Writer) error {
 		ratio("deploy sparse / dd sparse (aim > 1)", "deploy sparse", "dd sparse")
 		ratio("deploy zstd / zstd pipeline (aim >= 0.9)", "deploy zstd", "curl | zstd -dc | dd")
 		ratio("deploy xz / xz pipeline", "deploy xz", "curl | xz -dc -T0 | dd")
+		ratio("deploy qcow2 / curl -o + qemu-img convert", "deploy qcow2", "curl -o + qemu-img convert qcow2")
+		ratio("deploy qcow2 / qemu-img convert of a local file", "deploy qcow2", "qemu-img convert -O raw qcow2 (local file)")
+		ratio("deploy qcow2 -c / curl -o + qemu-img convert", "deploy qcow2 -c", "curl -o + qemu-img convert qcow2 -c")
+		ratio("deploy qcow2 -c / qemu-img convert of a local file", "deploy qcow2 -c", "qemu-img convert -O raw qcow2 -c (local file)")
 		cpu := func(name string) float64 { return median(cpuResults[target+"|"+name]) }
 		for _, pair := range [][2]string{{"deploy raw", "dd raw"}, {"deploy raw", "curl | dd raw"}, {"deploy sparse", "dd sparse"}, {"deploy zstd", "curl | zstd -dc | dd"}} {
 			if cpu(pair[0]) > 0 && cpu(pair[1]) > 0 {
@@ -329,6 +353,7 @@ func runCase(c benchCase, target string, imgs map[string]*image, base string, si
 		cmd = strings.ReplaceAll(cmd, "URL:"+name+" ", base+"/"+filepath.Base(img.path)+" ")
 	}
 	cmd = strings.ReplaceAll(cmd, "TARGET", target)
+	cmd = strings.ReplaceAll(cmd, "DIR/", filepath.Dir(imgs["sparse"].path)+"/")
 	start := time.Now()
 	out, err := exec.Command("bash", "-c", "set -e -o pipefail; "+cmd).CombinedOutput()
 	if err != nil {
@@ -339,15 +364,31 @@ func runCase(c benchCase, target string, imgs map[string]*image, base string, si
 
 // makeImages writes the raw and sparse images and the compressed raw ones, or
 // reuses them from a -keep run.
-func makeImages(dir string, size int64) (map[string]*image, error) {
+func makeImages(dir string, size int64, need map[string]bool) (map[string]*image, error) {
 	imgs := map[string]*image{
+		"qcow2":  {name: "qcow2", path: filepath.Join(dir, "sparse.qcow2"), format: protocol.FormatQCOW2},
+		"qcow2c": {name: "qcow2c", path: filepath.Join(dir, "sparse-c.qcow2"), format: protocol.FormatQCOW2},
 		"raw":    {name: "raw", path: filepath.Join(dir, "raw.img"), format: protocol.FormatRaw},
 		"sparse": {name: "sparse", path: filepath.Join(dir, "sparse.img"), format: protocol.FormatRaw},
 		"zst":    {name: "zst", path: filepath.Join(dir, "raw.img.zst"), format: protocol.FormatZstd},
 		"xz":     {name: "xz", path: filepath.Join(dir, "raw.img.xz"), format: protocol.FormatXZ},
 	}
+	if need["qcow2"] || need["qcow2c"] {
+		need["sparse"] = true
+	}
+	if need["zst"] || need["xz"] {
+		need["raw"] = true
+	}
+	for name := range imgs {
+		if !need[name] {
+			delete(imgs, name)
+		}
+	}
 	for _, name := range []string{"raw", "sparse"} {
 		img := imgs[name]
+		if img == nil {
+			continue
+		}
 		if fi, err := os.Stat(img.path); err == nil && fi.Size() == size {
 			continue
 		}
@@ -358,6 +399,9 @@ func makeImages(dir string, size int64) (map[string]*image, error) {
 	}
 	for name, tool := range map[string][]string{"zst": {"zstd", "-3", "-T0", "-q", "-c"}, "xz": {"xz", "-1", "-T0", "-c"}} {
 		img := imgs[name]
+		if img == nil {
+			continue
+		}
 		if _, err := os.Stat(img.path); err == nil {
 			continue
 		}
@@ -377,6 +421,23 @@ func makeImages(dir string, size int64) (map[string]*image, error) {
 		out.Close()
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", tool[0], err)
+		}
+		if err := os.Rename(img.path+".tmp", img.path); err != nil {
+			return nil, err
+		}
+	}
+	for name, args := range map[string][]string{"qcow2": nil, "qcow2c": {"-c"}} {
+		img := imgs[name]
+		if img == nil {
+			continue
+		}
+		if _, err := os.Stat(img.path); err == nil {
+			continue
+		}
+		fmt.Fprintf(os.Stderr, "converting %s\n", img.path)
+		cmd := exec.Command("qemu-img", append(append([]string{"convert", "-f", "raw", "-O", "qcow2"}, args...), imgs["sparse"].path, img.path+".tmp")...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("qemu-img convert: %v: %s", err, out)
 		}
 		if err := os.Rename(img.path+".tmp", img.path); err != nil {
 			return nil, err
