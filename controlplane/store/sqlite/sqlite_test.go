@@ -155,36 +155,15 @@ func TestMigrateFromVersion4(t *testing.T) {
 // when its EK is enrolled (the tpm attestor joined it, or could have), and
 // not when its EK was only claimed.
 func TestMigrateEKProven(t *testing.T) {
-	path := filepath.Join(t.TempDir(), DBFile)
-	db, err := sql.Open("sqlite", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The schema just before schemaEKProven, wherever later migrations put it.
-	before := slices.Index(migrations, schemaEKProven)
-	if before < 0 {
-		t.Fatal("schemaEKProven is not a migration")
-	}
-	qs := append([]string{}, migrations[:before]...)
+	ctx := context.Background()
 	node := func(id, ek string) string {
 		return fmt.Sprintf(`INSERT INTO nodes (id, role, site, pool, spiffe_id, claims, tpm_ek_sha256, cert_serial, cert_not_after, state,
 			created_at, updated_at, joined_at) VALUES ('%s', 'node', 'fsn1', 'p', 'x', '{}', '%s', '%s', 1, 'ready', 1, 1, 1)`, id, ek, id)
 	}
-	qs = append(qs, fmt.Sprintf("PRAGMA user_version = %d", before),
+	s := openFromBefore(t, "schemaEKProven", schemaEKProven,
 		`INSERT INTO sites (name, created_at) VALUES ('fsn1', 1)`,
 		`INSERT INTO tpm_enrollments (ek_sha256, site, created_at) VALUES ('ek-enrolled', 'fsn1', 1)`,
 		node("n_tpm", "ek-enrolled"), node("n_claimed", "ek-claimed"), node("n_none", ""))
-	for _, q := range qs {
-		if _, err := db.Exec(q); err != nil {
-			t.Fatal(err)
-		}
-	}
-	db.Close()
-	s, err := OpenFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
 	for id, want := range map[string]bool{"n_tpm": true, "n_claimed": false, "n_none": false} {
 		n, err := s.GetNode(ctx, id)
 		if err != nil || n.TPMEKProven != want {
@@ -247,28 +226,8 @@ func TestOpenFileRefusesURIParts(t *testing.T) {
 // TestMigrateImages: a database from before the image catalog gets its
 // table at open, and keeps what it held.
 func TestMigrateImages(t *testing.T) {
-	path := filepath.Join(t.TempDir(), DBFile)
-	db, err := sql.Open("sqlite", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	before := slices.Index(migrations, schemaImages)
-	if before < 0 {
-		t.Fatal("schemaImages is not a migration")
-	}
-	qs := append(append([]string{}, migrations[:before]...), fmt.Sprintf("PRAGMA user_version = %d", before),
-		`INSERT INTO sites (name, created_at) VALUES ('fsn1', 1)`)
-	for _, q := range qs {
-		if _, err := db.Exec(q); err != nil {
-			t.Fatal(err)
-		}
-	}
-	db.Close()
-	s, err := OpenFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	ctx := context.Background()
+	s := openFromBefore(t, "schemaImages", schemaImages, `INSERT INTO sites (name, created_at) VALUES ('fsn1', 1)`)
 	if _, err := s.GetSite(ctx, "fsn1"); err != nil {
 		t.Fatalf("the site after the migration: %v", err)
 	}
@@ -280,4 +239,33 @@ func TestMigrateImages(t *testing.T) {
 	if got, err := s.GetImage(ctx, "os"); err != nil || got != im {
 		t.Fatalf("GetImage after the migration: %+v %v", got, err)
 	}
+}
+
+// openFromBefore builds a database as it was just before migration m (named
+// name in failures), wherever later migrations put m, runs seed in it and opens
+// it with OpenFile, which migrates it; the store closes with the test.
+func openFromBefore(t *testing.T, name, m string, seed ...string) store.Store {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), DBFile)
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := slices.Index(migrations, m)
+	if before < 0 {
+		t.Fatalf("%s is not a migration", name)
+	}
+	qs := append(append(append([]string{}, migrations[:before]...), fmt.Sprintf("PRAGMA user_version = %d", before)), seed...)
+	for _, q := range qs {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db.Close()
+	s, err := OpenFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
 }
