@@ -362,12 +362,10 @@ func (c *qcow2Converter) readL1() error {
 		}
 		hidx := l2 / cs
 		if hidx <= idx {
-			b, ok := c.held[hidx]
+			b, ok := c.takeHeld(hidx)
 			if !ok {
 				return qcow2Unsupported("the image's layout cannot be streamed: the L2 table at %#x comes before the L1 table", l2)
 			}
-			delete(c.held, hidx)
-			c.heldBytes -= cs
 			if err := c.readL2(int64(i), b); err != nil {
 				return err
 			}
@@ -434,12 +432,10 @@ func (c *qcow2Converter) readL2(l1Index int64, table []byte) error {
 		}
 		hidx := host / cs
 		if hidx <= idx {
-			b, ok := c.held[hidx]
+			b, ok := c.takeHeld(hidx)
 			if !ok {
 				return qcow2Unsupported("the image's layout cannot be streamed: the data cluster at %#x comes before the L2 table that maps it, and was not held", host)
 			}
-			delete(c.held, hidx)
-			c.heldBytes -= cs
 			if err := c.w.write(guest, b); err != nil {
 				return err
 			}
@@ -866,4 +862,15 @@ func (w *guestWriter) finish(ok bool) error {
 		}
 	}
 	return zeroClusters(next, n)
+}
+
+// takeHeld removes held cluster hidx and uncounts it from the bound, ok false
+// when it was not held.
+func (c *qcow2Converter) takeHeld(hidx int64) (b []byte, ok bool) {
+	b, ok = c.held[hidx]
+	if ok {
+		delete(c.held, hidx)
+		c.heldBytes -= int64(len(b))
+	}
+	return b, ok
 }
