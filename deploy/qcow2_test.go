@@ -160,13 +160,17 @@ func TestDeployQCOW2Refused(t *testing.T) {
 		if format == "luks" {
 			args[6] += ",encrypt.iter-time=100"
 		}
-		// LUKS times its key derivation, and on a loaded machine can fail to
-		// ("Unable to get accurate CPU usage"): try again.
-		var out []byte
-		for i := 0; i < 5; i++ {
-			if out, err = exec.Command("qemu-img", args...).CombinedOutput(); err == nil {
-				break
-			}
+		out, err := exec.Command("qemu-img", args...).CombinedOutput()
+		if err != nil && format == "luks" && bytes.Contains(out, []byte("Unable to get accurate CPU usage")) {
+			// LUKS times its key derivation with the thread's CPU clock, which
+			// some sandboxes (CI's among them) do not keep, so qemu-img cannot
+			// make the image there. The refusal reads only the header's
+			// crypt_method, so a plain image with that field set to 2 (LUKS)
+			// takes the same path.
+			t.Logf("qemu-img cannot make a LUKS image here (%s); using a plain image with crypt_method 2", bytes.TrimSpace(out))
+			b := bytes.Clone(good)
+			binary.BigEndian.PutUint32(b[32:], 2)
+			return b
 		}
 		if err != nil {
 			t.Fatalf("qemu-img %v: %v: %s", args, err, out)
