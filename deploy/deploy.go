@@ -390,8 +390,24 @@ func (d *Deployer) Deploy(ctx context.Context, p Request, progress func(Progress
 		return res, err
 	}
 	rep.setStage(StageFiles)
-	if err := d.writeFiles(ctx, inst, p.Files, tmp, &res); err != nil {
+	files := p.Files
+	var links []extWrite
+	if p.NodeAgent != nil {
+		agent, err := d.fetchNodeAgent(ctx, &p, tmp)
+		if err != nil {
+			return res, err
+		}
+		var add []File
+		if add, links, err = nodeAgentFiles(agent); err != nil {
+			return res, err
+		}
+		files = append(add, files...)
+	}
+	if err := d.writeFiles(ctx, inst, files, links, tmp, &res); err != nil {
 		return res, err
+	}
+	if w := d.checkCloudInit(ctx, inst, files, tmp); w != "" {
+		res.Warnings = append(res.Warnings, w)
 	}
 	if p.After.Action == protocol.AfterKexec {
 		rep.setStage(StageKernel)

@@ -17,6 +17,9 @@ func deployRequest(p protocol.DeployImageParams) deploy.Request {
 		After:  deploy.After(p.After),
 		Proxy:  p.Proxy, RootPartition: p.RootPartition, ESPPartition: p.ESPPartition,
 	}
+	if p.NodeAgent != nil {
+		r.NodeAgent = (*deploy.NodeAgent)(p.NodeAgent)
+	}
 	for _, f := range p.Files {
 		r.Files = append(r.Files, deploy.File{FS: f.FS, Path: f.Path, Mode: uint32(f.Mode), UID: f.UID, GID: f.GID,
 			Content: deploy.Content(f.Content)})
