@@ -215,9 +215,9 @@ func (e *extFS) exists(ctx context.Context, tmp, p string) (bool, error) {
 type extWrite struct {
 	src, dest string
 	// link, when set, makes dest a symbolic link to link (src unused).
-	link      string
-	mode      uint32
-	uid, gid  int
+	link     string
+	mode     uint32
+	uid, gid int
 }
 
 // write writes files into the filesystem in one debugfs session: missing
