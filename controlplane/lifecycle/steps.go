@@ -527,6 +527,7 @@ func (p *plan) installed(cmd store.Command) {
 	p.written = &res
 	summary, data := deploySummary(res)
 	p.note(protocol.MachineEventDeployDone, "deploy.image "+summary, data)
+	d.Notes = res.Warnings
 	d.Step, d.CommandID, d.Deadline, d.LostAt = StepWaitNode, "", p.now.Add(t.Install), time.Time{}
 	next := "the ramdisk kexecs into the installed OS"
 	if d.Spec.After == protocol.AfterReboot {
@@ -673,6 +674,14 @@ func deploySummary(r protocol.DeployImageResult) (string, map[string]any) {
 	}
 	if r.After != "" {
 		msg += "; after: " + r.After
+	}
+	// What went wrong without failing the deploy ("cloud-init was not found
+	// in the image: …") is on the timeline machines show prints.
+	for _, w := range r.Warnings {
+		msg += "; note: " + w
+	}
+	if len(r.Warnings) > 0 {
+		data["warnings"] = r.Warnings
 	}
 	return msg, data
 }

@@ -298,6 +298,11 @@ func newMachinesShowCmd(af *apiFlags) *cobra.Command {
 			} {
 				fmt.Fprintf(tw, "%s:\t%s\n", kv[0], kv[1])
 			}
+			if d := m.CurrentDeployment; d != nil {
+				for _, n := range d.Notes {
+					fmt.Fprintf(tw, "NOTE:\t%s\n", n)
+				}
+			}
 			if err := tw.Flush(); err != nil {
 				return err
 			}
