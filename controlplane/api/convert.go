@@ -210,7 +210,7 @@ func toDeployment(d store.Deployment) apitype.Deployment {
 	return apitype.Deployment{ID: d.ID, MachineID: d.MachineID, Spec: spec, Step: d.Step, Deadline: d.Deadline,
 		BootAttempts: d.BootAttempts, DeployAttempts: d.DeployAttempts, DeployFailures: d.DeployFailures,
 		BMCAttempts: d.BMCAttempts, CommandID: d.CommandID, RamdiskNode: d.RamdiskNode, LeftRamdisk: d.LeftRamdisk, NodeID: d.NodeID,
-		TokenID: d.TokenID, LostAt: d.LostAt, NodeSession: d.NodeSession, NodeBootID: d.NodeBootID, Notes: d.Notes,
+		TokenID: d.TokenID, LostAt: d.LostAt, NodeSession: d.NodeSession, NodeBootID: d.NodeBootID,
 		Outcome: d.Outcome, FinishedAt: d.FinishedAt, Version: d.Version, CreatedAt: d.CreatedAt, UpdatedAt: d.UpdatedAt}
 }
 

@@ -295,8 +295,6 @@ type Deployment struct {
 	LostAt      time.Time `json:"lost_at,omitzero"`
 	NodeSession int64     `json:"node_session,omitempty"`
 	NodeBootID  string    `json:"node_boot_id,omitempty"`
-	// Notes are what the deploy reported without failing.
-	Notes []string `json:"notes,omitempty"`
 	// Outcome is how it ended (provisioned, failed, cancelled), "" while
 	// it runs; FinishedAt when.
 	Outcome    string    `json:"outcome,omitempty"`

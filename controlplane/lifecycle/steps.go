@@ -529,7 +529,6 @@ func (p *plan) installed(cmd store.Command) {
 	p.written = &res
 	summary, data := deploySummary(res)
 	p.note(protocol.MachineEventDeployDone, "deploy.image "+summary, data)
-	d.Notes = res.Warnings
 	d.Step, d.CommandID, d.Deadline, d.LostAt = StepWaitNode, "", p.now.Add(t.Install), time.Time{}
 	next := "the ramdisk kexecs into the installed OS"
 	if d.Spec.After == protocol.AfterReboot {

@@ -92,9 +92,6 @@ type Deployment struct {
 	// coming back is on its timeline.
 	NodeSession int64  `json:"node_session,omitempty"`
 	NodeBootID  string `json:"node_boot_id,omitempty"`
-	// Notes are what the deploy.image that succeeded reported without
-	// failing ("cloud-init was not found in the image: …").
-	Notes []string `json:"notes,omitempty"`
 	// Outcome is how it ended (provisioned, failed, cancelled), "" while it
 	// runs; FinishedAt when.
 	Outcome    string    `json:"outcome,omitempty"`

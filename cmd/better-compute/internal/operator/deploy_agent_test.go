@@ -5,13 +5,17 @@ import (
 	"crypto/ed25519"
 	"encoding/base64"
 	"encoding/binary"
+	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/better-compute/bcd/controlplane"
+	"github.com/better-compute/bcd/controlplane/store"
+	"github.com/better-compute/bcd/protocol"
 )
 
 // sshKeyLine is an ssh-ed25519 public key line in OpenSSH's format.
@@ -97,6 +101,18 @@ func TestDeployNodeAgentAndSeed(t *testing.T) {
 	if sp.Seed.Hostname != "node-1.fsn1" || len(sp.Seed.SSHAuthorizedKeys) != 1 || sp.Seed.SSHAuthorizedKeys[0] != key ||
 		sp.Seed.UserData != "#cloud-config\npackages: [htop]\n" || sp.Seed.NetworkConfig != "version: 2\nethernets: {}\n" {
 		t.Errorf("seed in the deployment: %+v", sp.Seed)
+	}
+
+	// The note a deploy into an image without cloud-init reports is what
+	// machines show says.
+	note := "cloud-init was not found in the image: no /usr/bin/cloud-init"
+	data, _ := json.Marshal(map[string]any{"warnings": []string{note}})
+	if _, err := s.Store().AdvanceDeployment(context.Background(), d, store.DeploymentChange{At: time.Now(),
+		Events: []store.MachineEvent{{MachineID: d.MachineID, Time: time.Now(), Kind: protocol.MachineEventDeployDone, Message: "deploy.image wrote", Data: data}}}); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, _ := runCLI(t, "", "machines", "show", "m1"); code != 0 || !regexp.MustCompile(`(?m)^NOTE:\s+`+regexp.QuoteMeta(note)+`$`).MatchString(out) {
+		t.Errorf("machines show: %d\n%s", code, out)
 	}
 }
 
