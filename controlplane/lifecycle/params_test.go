@@ -103,3 +103,13 @@ func TestDeployParamsNodeAgentAndSeed(t *testing.T) {
 		t.Errorf("no release: %+v %v", p.NodeAgent, err)
 	}
 }
+
+// TestDeploySummaryWarnings: a deploy's warnings are in the deploy.done
+// event's message and data, where machines show finds them.
+func TestDeploySummaryWarnings(t *testing.T) {
+	w := "cloud-init was not found in the image: no /usr/bin/cloud-init"
+	msg, data := deploySummary(protocol.DeployImageResult{Target: protocol.DeployTarget{Path: "/dev/vda"}, ImageSize: 1 << 20, After: "kexec", Warnings: []string{w}})
+	if !strings.HasSuffix(msg, "; note: "+w) || len(data["warnings"].([]string)) != 1 {
+		t.Errorf("%q %v", msg, data)
+	}
+}
