@@ -3,11 +3,14 @@ package deploy
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -58,7 +61,7 @@ func (d *Deployer) fetchNodeAgent(ctx context.Context, p *Request, tmp string) (
 		return "", failf(reasonInvalid, "%s: %v", what, stripURLError(err))
 	}
 	req.Header.Set("Accept-Encoding", "identity")
-	client := &http.Client{Transport: d.transport(p), CheckRedirect: func(r *http.Request, via []*http.Request) error {
+	client := &http.Client{Transport: d.nodeAgentTransport(p), CheckRedirect: func(r *http.Request, via []*http.Request) error {
 		if len(via) >= 5 {
 			return errors.New("more than 5 redirects")
 		}
@@ -145,4 +148,52 @@ func (d *Deployer) checkCloudInit(ctx context.Context, in *installed, files []Fi
 			CloudInitPath, protocol.NoCloudSeedDir)
 	}
 	return ""
+}
+
+// nodeAgentTransport is the image's transport, but a server certificate is
+// also good when NodeAgentTrust takes it: the release's binaries are served by
+// the control plane (its /downloads), under the serving CA the ramdisk pins,
+// which is in no system root store. The SHA-256 check stays what makes the
+// binary the release's.
+func (d *Deployer) nodeAgentTransport(p *Request) http.RoundTripper {
+	rt := d.transport(p)
+	tr, ok := rt.(*http.Transport)
+	if !ok || d.NodeAgentTrust == nil || d.Transport != nil {
+		return rt
+	}
+	tr = tr.Clone()
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if tr.TLSClientConfig != nil {
+		cfg = tr.TLSClientConfig.Clone()
+	}
+	roots := cfg.RootCAs
+	// An IP address is sent as no SNI: the name to verify is then the URL's.
+	host := ""
+	if u, err := url.Parse(p.NodeAgent.URL); err == nil {
+		host = u.Hostname()
+	}
+	cfg.InsecureSkipVerify = true // replaced by VerifyConnection, which runs on every handshake
+	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
+		if len(cs.PeerCertificates) == 0 {
+			return errors.New("the server sent no certificate")
+		}
+		name := cs.ServerName
+		if name == "" {
+			name = host
+		}
+		inter := x509.NewCertPool()
+		for _, c := range cs.PeerCertificates[1:] {
+			inter.AddCert(c)
+		}
+		_, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: roots, DNSName: name, Intermediates: inter})
+		if err == nil {
+			return nil
+		}
+		if perr := d.NodeAgentTrust(cs.PeerCertificates, name); perr != nil {
+			return fmt.Errorf("%v; and not under the pinned serving CA: %v", err, perr)
+		}
+		return nil
+	}
+	tr.TLSClientConfig = cfg
+	return tr
 }

@@ -2,6 +2,8 @@ package deploy
 
 import (
 	"context"
+	"crypto/x509"
+	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -98,4 +100,40 @@ func TestDeployNodeAgentMismatch(t *testing.T) {
 		t.Fatalf("err %v (reason %s), want a digest mismatch naming the node agent", err, Reason(err))
 	}
 	unbootable(t, target)
+}
+
+// TestDeployNodeAgentPinnedTLS: the control plane serves releases under its
+// own CA: a node agent download whose certificate no system root signs fails
+// the deploy, and succeeds when NodeAgentTrust accepts the chain.
+func TestDeployNodeAgentPinnedTLS(t *testing.T) {
+	img := smallImage(t)
+	body := compressed(t, img, protocol.FormatZstd)
+	srv := serve(t, body, serveOK, false)
+	agent := randBytes(9, 1<<20)
+	asrv := serve(t, agent, serveOK, true)
+	p := params(srv.URL, body, protocol.FormatZstd, img.size, filepath.Join(t.TempDir(), "disk.img"))
+	p.NodeAgent = &NodeAgent{Version: "1.2.3", URL: asrv.URL + "/bcd", SHA256: sha(agent)}
+	d := testDeployer(&fakeMachine{})
+	if _, err := d.Deploy(context.Background(), p, nil); err == nil || Reason(err) != protocol.DeployReasonDownload ||
+		!strings.Contains(err.Error(), "node agent bcd 1.2.3") {
+		t.Fatalf("untrusted certificate: %v (reason %s)", err, Reason(err))
+	}
+	unbootable(t, p.Target.Path)
+	var asked string
+	d.NodeAgentTrust = func(chain []*x509.Certificate, serverName string) error {
+		asked = serverName
+		if !chain[0].Equal(asrv.Certificate()) {
+			return errors.New("another certificate")
+		}
+		return nil
+	}
+	if _, err := d.Deploy(context.Background(), p, nil); err != nil {
+		t.Fatal(err)
+	}
+	if asked != "127.0.0.1" {
+		t.Errorf("NodeAgentTrust asked for %q, want the URL's host", asked)
+	}
+	if got := newExtAt(t, p.Target.Path, img.rootStart).cat(NodeAgentBinaryPath); got != string(agent) {
+		t.Errorf("bcd: %d bytes, want %d", len(got), len(agent))
+	}
 }

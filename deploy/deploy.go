@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -34,6 +35,11 @@ type Deployer struct {
 	// Proxy is the HTTP proxy used when the params name none: the ramdisk passes the
 	// site agent's (bcd.proxy). nil dials directly.
 	Proxy *url.URL
+	// NodeAgentTrust, when set, also accepts the server certificate chain
+	// of a node agent download that the system roots do not: the ramdisk
+	// checks it against the serving CA pin, since the control plane serves
+	// releases under its own CA.
+	NodeAgentTrust func(chain []*x509.Certificate, serverName string) error
 	// AllowHTTP permits http:// image URLs. The ramdisk sets it only when it fetches
 	// through its site proxy, and in a fakehw build: the digest still guards the
 	// bytes, but https keeps the image private on the way.
