@@ -126,7 +126,17 @@ func (t *target) wipeOld() ([]string, error) {
 	}
 	table, err := ReadPartitionTable(t, t.size, t.sectorSize)
 	if err != nil {
-		// No table (or one that does not verify): the disk's ends are wiped anyway.
+		// A damaged primary GPT: the backup may still say where the partitions were.
+		for _, ss := range []int{512, 4096} {
+			if t.sectorSize == 0 || t.sectorSize == ss {
+				if table, err = readBackupGPT(t, t.size, ss); err == nil {
+					break
+				}
+			}
+		}
+	}
+	if err != nil {
+		// No table that verifies: the disk's ends are wiped anyway.
 		return found, nil
 	}
 	zero := make([]byte, oldSignatureSpan)

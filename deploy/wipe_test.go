@@ -235,3 +235,72 @@ func TestDeployWipesOldSignatures(t *testing.T) {
 		t.Errorf("sgdisk -v %s:\n%s", dev, out)
 	}
 }
+
+// TestWipeOldOnFile runs wipeOld on an image file (no root, no loop device): the
+// md and ext4 superblocks on the old partitions go, whether the old table is read
+// from the primary GPT or, the primary damaged, from the backup.
+func TestWipeOldOnFile(t *testing.T) {
+	for _, tool := range []string{"sgdisk", "blkid", "mkfs.ext4"} {
+		testenv.NeedTool(t, tool)
+	}
+	for _, damaged := range []bool{false, true} {
+		t.Run(map[bool]string{false: "primary GPT", true: "backup GPT"}[damaged], func(t *testing.T) {
+			const size = 40 * mib
+			path := filepath.Join(t.TempDir(), "old.img")
+			if err := os.WriteFile(path, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Truncate(path, size); err != nil {
+				t.Fatal(err)
+			}
+			run(t, "sgdisk", "-n1:2048:+8M", "-t1:fd00", "-n2:0:+8M", "-t2:8300", "-n3:0:+8M", "-t3:fd00", path)
+			f, err := os.OpenFile(path, os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			pt, err := ReadPartitionTable(f, size, 512)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p1, p2, p3 := pt.Partitions[0], pt.Partitions[1], pt.Partitions[2]
+			if _, err := f.WriteAt(mdSuper1(p1.Size, 4096), p1.Start+4096); err != nil {
+				t.Fatal(err)
+			}
+			end := (p3.Size/512 - 16) &^ 7 * 512
+			if _, err := f.WriteAt(mdSuper1(p3.Size, end), p3.Start+end); err != nil {
+				t.Fatal(err)
+			}
+			if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-E", fmt.Sprintf("offset=%d", p2.Start), path, fmt.Sprint(p2.Size/1024)).CombinedOutput(); err != nil {
+				t.Fatalf("mkfs.ext4: %v %s", err, out)
+			}
+			want := []string{"linux_raid_member", "ext4", "linux_raid_member"}
+			for i, p := range []Partition{p1, p2, p3} {
+				if got := probe(t, path, p.Start, p.Size); got != want[i] {
+					t.Fatalf("before: blkid -p finds %q on partition %d, want %q", got, p.Number, want[i])
+				}
+			}
+			if damaged {
+				if _, err := f.WriteAt(make([]byte, 512), 512); err != nil {
+					t.Fatal(err)
+				}
+			}
+			tg := &target{path: path, buffered: f, size: size, sectorSize: 512}
+			wiped, err := tg.wipeOld()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("wiped: %s", strings.Join(wiped, ", "))
+			for _, w := range []string{"gpt", "md 1.2 on old partition 1", "ext4 on old partition 2", "md 1.0 on old partition 3"} {
+				if !slices.Contains(wiped, w) {
+					t.Errorf("wiped %q does not name %q", wiped, w)
+				}
+			}
+			for _, p := range []Partition{p1, p2, p3} {
+				if got := probe(t, path, p.Start, p.Size); got != "" {
+					t.Errorf("after: blkid -p still finds %q on partition %d", got, p.Number)
+				}
+			}
+		})
+	}
+}
