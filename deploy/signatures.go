@@ -139,9 +139,13 @@ func (t *target) wipeOld() ([]string, error) {
 		// No table that verifies: the disk's ends are wiped anyway.
 		return found, nil
 	}
+	parts := table.Partitions
+	if table.Kind == "mbr" {
+		parts = append(parts, mbrLogicalPartitions(t, t.size, table.SectorSize)...)
+	}
 	zero := make([]byte, oldSignatureSpan)
 	var errs []error
-	for _, p := range table.Partitions {
+	for _, p := range parts {
 		if p.Start >= t.size {
 			continue
 		}
@@ -157,4 +161,47 @@ func (t *target) wipeOld() ([]string, error) {
 		}
 	}
 	return found, errors.Join(errs...)
+}
+
+// mbrLogicalPartitions follows an MBR's extended partition's chain of EBRs to the
+// logical partitions, numbered from 5 as Linux numbers them. The chain is bounded
+// (at most 128 links, every link inside the extended partition and the disk).
+func mbrLogicalPartitions(r io.ReaderAt, size int64, ss int) []Partition {
+	mbr := make([]byte, 512)
+	if _, err := r.ReadAt(mbr, 0); err != nil {
+		return nil
+	}
+	le := binary.LittleEndian
+	var extStart, extSize int64
+	for i := 0; i < 4; i++ {
+		e := mbr[446+16*i:][:16]
+		if e[4] == 0x05 || e[4] == 0x0f || e[4] == 0x85 {
+			extStart, extSize = int64(le.Uint32(e[8:]))*int64(ss), int64(le.Uint32(e[12:]))*int64(ss)
+			break
+		}
+	}
+	if extSize == 0 || extStart+extSize > size {
+		return nil
+	}
+	var parts []Partition
+	ebr := make([]byte, 512)
+	for at, n := extStart, 5; n < 5+128; n++ {
+		if at < extStart || at >= extStart+extSize {
+			break
+		}
+		if _, err := r.ReadAt(ebr, at); err != nil || ebr[510] != 0x55 || ebr[511] != 0xaa {
+			break
+		}
+		e, next := ebr[446:462], ebr[462:478]
+		start, count := at+int64(le.Uint32(e[8:]))*int64(ss), int64(le.Uint32(e[12:]))*int64(ss)
+		if e[4] != 0 && count > 0 && start+count <= size {
+			parts = append(parts, Partition{Number: n, MBRType: e[4], Start: start, Size: count})
+		}
+		off := int64(le.Uint32(next[8:])) * int64(ss)
+		if next[4] == 0 || off == 0 {
+			break
+		}
+		at = extStart + off
+	}
+	return parts
 }

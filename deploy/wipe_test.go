@@ -304,3 +304,51 @@ func TestWipeOldOnFile(t *testing.T) {
 		})
 	}
 }
+
+// TestWipeOldMBRLogical: an md member on a logical partition of an old MBR disk
+// (found through the extended partition's EBR chain) is wiped too.
+func TestWipeOldMBRLogical(t *testing.T) {
+	testenv.NeedTool(t, "sfdisk")
+	testenv.NeedTool(t, "blkid")
+	const size = 48 * mib
+	path := filepath.Join(t.TempDir(), "old-mbr.img")
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, size); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("sfdisk", "-q", path)
+	cmd.Stdin = strings.NewReader("label: dos\n,8M,83\n,,5\n,8M,83\n,8M,fd\n")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("sfdisk: %v %s", err, out)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	logical := mbrLogicalPartitions(f, size, 512)
+	if len(logical) != 2 || logical[0].Number != 5 || logical[1].Number != 6 {
+		t.Fatalf("logical partitions %+v, want 5 and 6", logical)
+	}
+	p6 := logical[1]
+	if _, err := f.WriteAt(mdSuper1(p6.Size, 4096), p6.Start+4096); err != nil {
+		t.Fatal(err)
+	}
+	if got := probe(t, path, p6.Start, p6.Size); got != "linux_raid_member" {
+		t.Fatalf("before: blkid -p finds %q on partition 6", got)
+	}
+	tg := &target{path: path, buffered: f, size: size, sectorSize: 512}
+	wiped, err := tg.wipeOld()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("wiped: %s", strings.Join(wiped, ", "))
+	if !slices.Contains(wiped, "md 1.2 on old partition 6") || !slices.Contains(wiped, "dos") {
+		t.Errorf("wiped %q", wiped)
+	}
+	if got := probe(t, path, p6.Start, p6.Size); got != "" {
+		t.Errorf("after: blkid -p still finds %q on partition 6", got)
+	}
+}
