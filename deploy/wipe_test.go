@@ -65,8 +65,8 @@ func mdSuper090() []byte {
 }
 
 // lvmConfig keeps lvm2 off udev and the devices file: the test's loop devices are
-// nobody's, and the machine's own LVM setup is left alone.
-const lvmConfig = `devices { use_devicesfile=0 obtain_device_list_from_udev=0 } activation { udev_sync=0 udev_rules=0 monitoring=0 }`
+// nobody's, and the machine's own LVM setup (and /etc/lvm/backup) is left alone.
+const lvmConfig = `devices { use_devicesfile=0 obtain_device_list_from_udev=0 } activation { udev_sync=0 udev_rules=0 monitoring=0 } backup { backup=0 archive=0 }`
 
 // loopRange attaches [off, off+size) of file as a loop device, detached at the end.
 func loopRange(t *testing.T, file string, off, size int64) string {
