@@ -38,6 +38,7 @@ func deployResult(r deploy.Result) protocol.DeployImageResult {
 		Target:    protocol.DeployTarget{Path: r.Target.Path, Serial: r.Target.Serial},
 		ImageSize: r.ImageSize, Size: r.Size, SHA256: r.SHA256, DurationMS: r.Duration.Milliseconds(), Files: r.Files,
 		Kernel: r.Kernel, Initrd: r.Initrd, Cmdline: r.Cmdline, After: r.After, Warnings: r.Warnings,
+		Wiped: r.Wiped,
 	}
 	if r.RootFound {
 		w.RootPartition, w.RootPartUUID = r.Root.Number, r.PartUUID
