@@ -122,6 +122,9 @@ func TestImagesCatalog(t *testing.T) {
 		d.Spec.Target != (protocol.DeployTarget{RootDevice: "serial=S1,size>=100GiB,rotational=false", FirstMatch: true}) {
 		t.Errorf("deploy --root-device: %+v %v", d.Spec.Target, err)
 	}
+	if code, out, _ := runCLI(t, "", "machines", "show", "byhints"); code != 0 || !strings.Contains(out, "disk by hints serial=S1,size>=100GiB,rotational=false (first match)") {
+		t.Errorf("machines show byhints: %d\n%s", code, out)
+	}
 	da, err := s.Store().GetDeployment(context.Background(), byURL)
 	if err != nil {
 		t.Fatal(err)
