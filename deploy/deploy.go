@@ -523,16 +523,18 @@ func (d *Deployer) selectTarget(sel Target, imageSize int64) (path string, disk 
 		if disk, err = checkDisk(disk, imageSize); err != nil {
 			return "", Disk{}, false, failf(reasonNoDisk, "%v", err)
 		}
+		disk.ChosenBy = "path " + sel.Path
 		return real, disk, true, nil
 	}
 	disks, err := list()
 	if err != nil {
 		return "", Disk{}, false, failf(reasonNoDisk, "%v", err)
 	}
-	disk, err = SelectDisk(disks, sel, imageSize)
+	disk, why, err := SelectDiskWhy(disks, sel, imageSize)
 	if err != nil {
 		return "", Disk{}, false, failf(reasonNoDisk, "%v", err)
 	}
+	disk.ChosenBy = why
 	return disk.Path, disk, true, nil
 }
 

@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"fmt"
+	"github.com/better-compute/bcd/protocol"
 	"os"
 	"path/filepath"
 	"sort"
@@ -18,6 +19,13 @@ type Disk struct {
 	// Model and Serial are what the device reports, trimmed.
 	Model  string
 	Serial string
+	// WWN (device/wwid, wwid or device/wwn) and Vendor (device/vendor) where the
+	// device reports them; ByPath the /dev/disk/by-path links to it, when udev made any.
+	WWN    string
+	Vendor string
+	ByPath []string
+	// ChosenBy says, on a deploy's target, why the deploy chose it.
+	ChosenBy string
 	// Removable, Rotational and ReadOnly come from /sys/block/NAME.
 	Removable  bool
 	Rotational bool
@@ -102,7 +110,32 @@ func (s SysBlock) Disk(name string) (Disk, error) {
 			d.Serial = parseVPD80(b)
 		}
 	}
+	for _, rel := range []string{"device/wwid", "wwid", "device/wwn"} {
+		if v := read(rel); v != "" {
+			d.WWN = v
+			break
+		}
+	}
+	d.Vendor = read("device/vendor")
+	d.ByPath = s.byPath(name)
 	return d, nil
+}
+
+// byPath lists the /dev/disk/by-path links that point at the disk (none where
+// udev did not run).
+func (s SysBlock) byPath(name string) []string {
+	dir := filepath.Join("/", s.Root, "dev/disk/by-path")
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	var links []string
+	for _, e := range entries {
+		if t, err := os.Readlink(filepath.Join(dir, e.Name())); err == nil && filepath.Base(t) == name {
+			links = append(links, "/dev/disk/by-path/"+e.Name())
+		}
+	}
+	return links
 }
 
 // parseVPD80 reads the unit serial number from a SCSI VPD page 0x80 (the serial of
@@ -125,12 +158,49 @@ func parseVPD80(b []byte) string {
 	return s
 }
 
-// SelectDisk applies a target selector to a disk list: by serial (exactly one disk
-// must report it), by path (resolved through symlinks such as /dev/disk/by-id), or
-// else the smallest disk that is neither removable nor read-only and holds minSize
-// bytes, ties going to the first by name.
+// SelectDisk applies a target selector to a disk list (see SelectDiskWhy).
 func SelectDisk(disks []Disk, sel Target, minSize int64) (Disk, error) {
+	d, _, err := SelectDiskWhy(disks, sel, minSize)
+	return d, err
+}
+
+// SelectDiskWhy applies a target selector to a disk list and says why it chose
+// the disk: by root-device hints (exactly one disk must match them all, or with
+// FirstMatch the first by name), by serial (exactly one disk must report it), by
+// path (resolved through symlinks such as /dev/disk/by-id), or else the smallest
+// disk that is neither removable nor read-only and holds minSize bytes, ties going
+// to the first by name.
+func SelectDiskWhy(disks []Disk, sel Target, minSize int64) (Disk, string, error) {
 	switch {
+	case sel.RootDevice != "":
+		h, err := protocol.ParseRootDevice(sel.RootDevice)
+		if err != nil {
+			return Disk{}, "", fmt.Errorf("target: %v", err)
+		}
+		var found []Disk
+		var excluded []string
+		for _, d := range disks {
+			if why := hintMismatch(h, d); why != "" {
+				excluded = append(excluded, d.Name+" by "+why)
+				continue
+			}
+			found = append(found, d)
+		}
+		why := "hints " + h.String()
+		switch {
+		case len(found) == 0:
+			return Disk{}, "", fmt.Errorf("target: no disk matches root device hints %s (%s; candidates: %s)", h, strings.Join(excluded, "; "), describe(disks))
+		case len(found) > 1 && !sel.FirstMatch:
+			var names []string
+			for _, d := range found {
+				names = append(names, d.Name)
+			}
+			return Disk{}, "", fmt.Errorf("target: %d disks match root device hints %s: %s (candidates: %s); narrow the hints or ask for the first match", len(found), h, strings.Join(names, ", "), describe(found))
+		case len(found) > 1:
+			why += fmt.Sprintf(" (first match of %d)", len(found))
+		}
+		d, err := checkDisk(found[0], minSize)
+		return d, why, err
 	case sel.Serial != "":
 		var found []Disk
 		for _, d := range disks {
@@ -139,9 +209,10 @@ func SelectDisk(disks []Disk, sel Target, minSize int64) (Disk, error) {
 			}
 		}
 		if len(found) != 1 {
-			return Disk{}, fmt.Errorf("target: %d disks report serial %q (%s)", len(found), sel.Serial, describe(disks))
+			return Disk{}, "", fmt.Errorf("target: %d disks report serial %q (%s)", len(found), sel.Serial, describe(disks))
 		}
-		return checkDisk(found[0], minSize)
+		d, err := checkDisk(found[0], minSize)
+		return d, "serial " + sel.Serial, err
 	case sel.Path != "":
 		want := sel.Path
 		if p, err := filepath.EvalSymlinks(want); err == nil {
@@ -149,10 +220,11 @@ func SelectDisk(disks []Disk, sel Target, minSize int64) (Disk, error) {
 		}
 		for _, d := range disks {
 			if d.Path == want || d.Path == sel.Path {
-				return checkDisk(d, minSize)
+				d, err := checkDisk(d, minSize)
+				return d, "path " + sel.Path, err
 			}
 		}
-		return Disk{}, fmt.Errorf("target: %s is not one of the disks (%s)", sel.Path, describe(disks))
+		return Disk{}, "", fmt.Errorf("target: %s is not one of the disks (%s)", sel.Path, describe(disks))
 	}
 	var best *Disk
 	for i := range disks {
@@ -165,9 +237,9 @@ func SelectDisk(disks []Disk, sel Target, minSize int64) (Disk, error) {
 		}
 	}
 	if best == nil {
-		return Disk{}, fmt.Errorf("target: no non-removable disk holds %d bytes (%s)", minSize, describe(disks))
+		return Disk{}, "", fmt.Errorf("target: no non-removable disk holds %d bytes (%s)", minSize, describe(disks))
 	}
-	return *best, nil
+	return *best, fmt.Sprintf("smallest non-removable disk >= %d bytes", minSize), nil
 }
 
 func checkDisk(d Disk, minSize int64) (Disk, error) {
@@ -187,9 +259,16 @@ func describe(disks []Disk) string {
 	var parts []string
 	for _, d := range disks {
 		s := fmt.Sprintf("%s %d bytes", d.Name, d.Size)
+		if d.Model != "" {
+			s += fmt.Sprintf(" model %q", d.Model)
+		}
 		if d.Serial != "" {
 			s += " serial " + d.Serial
 		}
+		if d.WWN != "" {
+			s += " wwn " + d.WWN
+		}
+		s += fmt.Sprintf(" rotational=%t", d.Rotational)
 		if d.Removable {
 			s += " removable"
 		}

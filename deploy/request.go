@@ -61,6 +61,10 @@ type Image struct {
 // non-removable disk at least as large as the image.
 type Target struct {
 	Serial, Path string
+	// RootDevice is root-device hints (ParseHints); FirstMatch takes the first of
+	// several disks they match instead of failing.
+	RootDevice string
+	FirstMatch bool
 }
 
 // File is one file to write into the installed OS.

@@ -100,9 +100,17 @@ type DeployImage struct {
 
 // DeployTarget selects the disk: by Serial, by Path, or, with neither, the smallest
 // non-removable disk at least as large as the image.
+//
+// RootDevice is root-device hints as Ironic's root_device, comma-separated
+// key=value: serial, wwn, model, vendor, name (sda or /dev/sda), by_path
+// (/dev/disk/by-path/…), rotational (true/false), size (=, >= or <=, in bytes or
+// with KB, MB, GB, TB, KiB, MiB, GiB, TiB). Exactly one disk must match them all,
+// unless FirstMatch (then the first by name). RootDevice excludes Serial and Path.
 type DeployTarget struct {
-	Serial string `json:"serial,omitempty"`
-	Path   string `json:"path,omitempty"`
+	Serial     string `json:"serial,omitempty"`
+	Path       string `json:"path,omitempty"`
+	RootDevice string `json:"root_device,omitempty"`
+	FirstMatch bool   `json:"first_match,omitempty"`
 }
 
 // Filesystems a DeployFile or a kernel can be in.
@@ -188,20 +196,23 @@ type DeployAfter struct {
 // bytes_written and bytes_received). UnmarshalJSON still reads those: a ramdisk
 // booted before a control plane upgrade can finish its deploy after it.
 type DeployImageResult struct {
-	Target        DeployTarget `json:"target"`
-	ImageSize     int64        `json:"image_size"`
-	Size          int64        `json:"size"`
-	SHA256        string       `json:"sha256"`
-	DurationMS    int64        `json:"duration_ms"`
-	RootPartition int          `json:"root_partition,omitempty"`
-	RootPartUUID  string       `json:"root_partuuid,omitempty"`
-	ESPPartition  int          `json:"esp_partition,omitempty"`
-	Files         []string     `json:"files,omitempty"` // fs:path of each file written
-	Kernel        string       `json:"kernel,omitempty"`
-	Initrd        string       `json:"initrd,omitempty"`
-	Cmdline       string       `json:"cmdline,omitempty"`
-	After         string       `json:"after"`
-	Warnings      []string     `json:"warnings,omitempty"`
+	Target DeployTarget `json:"target"`
+	// ChosenBy says why the deploy wrote that disk: "hints serial=S1,size>=100GiB",
+	// "serial S1", "path /dev/sda", "smallest non-removable disk >= N bytes".
+	ChosenBy      string   `json:"chosen_by,omitempty"`
+	ImageSize     int64    `json:"image_size"`
+	Size          int64    `json:"size"`
+	SHA256        string   `json:"sha256"`
+	DurationMS    int64    `json:"duration_ms"`
+	RootPartition int      `json:"root_partition,omitempty"`
+	RootPartUUID  string   `json:"root_partuuid,omitempty"`
+	ESPPartition  int      `json:"esp_partition,omitempty"`
+	Files         []string `json:"files,omitempty"` // fs:path of each file written
+	Kernel        string   `json:"kernel,omitempty"`
+	Initrd        string   `json:"initrd,omitempty"`
+	Cmdline       string   `json:"cmdline,omitempty"`
+	After         string   `json:"after"`
+	Warnings      []string `json:"warnings,omitempty"`
 	// Wiped names the old signatures removed from the disk before the write.
 	Wiped []string `json:"wiped,omitempty"`
 }
@@ -290,6 +301,9 @@ func (p *DeployImageParams) Validate() error {
 	}
 	if p.Image.ImageSize < 0 {
 		return fmt.Errorf("image.image_size: negative")
+	}
+	if err := p.Target.validateRootDevice(); err != nil {
+		return err
 	}
 	if p.Target.Serial != "" && p.Target.Path != "" {
 		return fmt.Errorf("target: give serial or path, not both")
@@ -398,6 +412,23 @@ func ValidDeployPath(p string) error {
 				return fmt.Errorf("%q: character %q is not allowed (letters, digits and ._-+@, only)", p, r)
 			}
 		}
+	}
+	return nil
+}
+
+// validateRootDevice checks target.root_device: hints that parse, given alone.
+func (t DeployTarget) validateRootDevice() error {
+	if t.RootDevice == "" {
+		if t.FirstMatch {
+			return fmt.Errorf("target.first_match: only with target.root_device")
+		}
+		return nil
+	}
+	if t.Serial != "" || t.Path != "" {
+		return fmt.Errorf("target.root_device: give root_device, serial or path, not two (serial=… is a hint)")
+	}
+	if _, err := ParseRootDevice(t.RootDevice); err != nil {
+		return fmt.Errorf("target.root_device: %v", err)
 	}
 	return nil
 }

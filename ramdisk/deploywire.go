@@ -36,6 +36,7 @@ func kexecRequest(p protocol.MachineKexecParams) (deploy.Target, deploy.After) {
 func deployResult(r deploy.Result) protocol.DeployImageResult {
 	w := protocol.DeployImageResult{
 		Target:    protocol.DeployTarget{Path: r.Target.Path, Serial: r.Target.Serial},
+		ChosenBy:  r.Target.ChosenBy,
 		ImageSize: r.ImageSize, Size: r.Size, SHA256: r.SHA256, DurationMS: r.Duration.Milliseconds(), Files: r.Files,
 		Kernel: r.Kernel, Initrd: r.Initrd, Cmdline: r.Cmdline, After: r.After, Warnings: r.Warnings,
 		Wiped: r.Wiped,

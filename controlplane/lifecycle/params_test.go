@@ -57,6 +57,10 @@ func TestDeploySummary(t *testing.T) {
 	if msg != "wrote 2.0 GiB to /dev/vda in 40.0 s (53.7 MB/s); after: kexec" || data["mb_per_s"] != 53.7 {
 		t.Errorf("%q %v", msg, data)
 	}
+	msg, data = deploySummary(protocol.DeployImageResult{Target: protocol.DeployTarget{Path: "/dev/vdb"}, ChosenBy: "hints serial=disk2", ImageSize: 1 << 20, After: "kexec"})
+	if msg != "wrote 1.0 MiB to /dev/vdb (chosen by hints serial=disk2); after: kexec" || data["chosen_by"] != "hints serial=disk2" {
+		t.Errorf("%q %v", msg, data)
+	}
 }
 
 // TestDeployParamsNodeAgentAndSeed: a deployment with a release carries the

@@ -673,6 +673,10 @@ func deploySummary(r protocol.DeployImageResult) (string, map[string]any) {
 		data["mb_per_s"] = float64(int64(rate*10+0.5)) / 10
 		msg += fmt.Sprintf(" in %.1f s (%.1f MB/s)", secs, rate)
 	}
+	if r.ChosenBy != "" {
+		msg += " (chosen by " + r.ChosenBy + ")"
+		data["chosen_by"] = r.ChosenBy
+	}
 	if r.After != "" {
 		msg += "; after: " + r.After
 	}

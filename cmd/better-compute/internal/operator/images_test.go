@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/better-compute/bcd/controlplane/apitype"
+	"github.com/better-compute/bcd/protocol"
 )
 
 // TestImagesCatalog: images add, list (a table and -o json), show and
@@ -77,7 +78,7 @@ func TestImagesCatalog(t *testing.T) {
 	if code, _, errOut = runCLI(t, "", "sites", "create", "fsn1"); code != 0 {
 		t.Fatalf("sites create: %d %s", code, errOut)
 	}
-	for _, m := range [][2]string{{"byurl", "52:54:00:00:01:01"}, {"byname", "52:54:00:00:01:02"}} {
+	for _, m := range [][2]string{{"byurl", "52:54:00:00:01:01"}, {"byname", "52:54:00:00:01:02"}, {"byhints", "52:54:00:00:01:03"}} {
 		if code, _, errOut = runCLI(t, "", "machines", "add", "--site", "fsn1", "--name", m[0], "--mac", m[1]); code != 0 {
 			t.Fatalf("machines add %s: %d %s", m[0], code, errOut)
 		}
@@ -97,6 +98,15 @@ func TestImagesCatalog(t *testing.T) {
 		!strings.Contains(errOut, "debian-13") {
 		t.Errorf("deploy of a name not in the catalog: %d %s", code, errOut)
 	}
+	// --root-device: a bad hint is a usage error naming it; hints with a serial are refused.
+	for _, tc := range [][2]string{{"size>=lots", `root device hint "size>=lots"`}, {"colour=red", `unknown key "colour"`}} {
+		if code, _, errOut = runCLI(t, "", "machines", "deploy", "byname", "--image", "debian-12", "--root-device", tc[0]); code != 2 || !strings.Contains(errOut, tc[1]) {
+			t.Errorf("deploy --root-device %s: %d %s", tc[0], code, errOut)
+		}
+	}
+	if code, _, errOut = runCLI(t, "", "machines", "deploy", "byname", "--image", "debian-12", "--root-device", "serial=S1", "--disk-serial", "S1"); code != 2 || !strings.Contains(errOut, "not two") {
+		t.Errorf("deploy --root-device --disk-serial: %d %s", code, errOut)
+	}
 	deployed := func(args ...string) string {
 		t.Helper()
 		code, out, errOut := runCLI(t, "", append([]string{"machines", "deploy"}, args...)...)
@@ -108,6 +118,14 @@ func TestImagesCatalog(t *testing.T) {
 	byURL := deployed("byurl", "--url", secretURL, "--sha256", strings.ToUpper(sha), "--size", "1048576", "--format", "raw.zst", "--image-size", "4194304",
 		"--disk-serial", "S1", "--pool", "gpu")
 	byName := deployed("byname", "--image", "debian-12", "--disk-serial", "S1", "--pool", "gpu")
+	byHints := deployed("byhints", "--image", "debian-12", "--root-device", "serial=S1,size>=100GiB,rotational=false", "--first-match")
+	if d, err := s.Store().GetDeployment(context.Background(), byHints); err != nil ||
+		d.Spec.Target != (protocol.DeployTarget{RootDevice: "serial=S1,size>=100GiB,rotational=false", FirstMatch: true}) {
+		t.Errorf("deploy --root-device: %+v %v", d.Spec.Target, err)
+	}
+	if code, out, _ := runCLI(t, "", "machines", "show", "byhints"); code != 0 || !strings.Contains(out, "disk by hints serial=S1,size>=100GiB,rotational=false (first match)") {
+		t.Errorf("machines show byhints: %d\n%s", code, out)
+	}
 	da, err := s.Store().GetDeployment(context.Background(), byURL)
 	if err != nil {
 		t.Fatal(err)

@@ -283,6 +283,12 @@ func newMachinesShowCmd(af *apiFlags) *cobra.Command {
 			if d := m.CurrentDeployment; d != nil {
 				deployment = fmt.Sprintf("%s (%s), step %s, %d power cycles, %d deploy attempts", d.ID, d.Spec.Image.URL, d.Step,
 					d.BootAttempts, d.DeployAttempts)
+				if t := d.Spec.Target; t.RootDevice != "" {
+					deployment += ", disk by hints " + t.RootDevice
+					if t.FirstMatch {
+						deployment += " (first match)"
+					}
+				}
 				if !d.Deadline.IsZero() && !d.Finished() {
 					deployment += ", step deadline " + stamp(d.Deadline)
 				}

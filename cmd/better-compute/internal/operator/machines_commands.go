@@ -199,7 +199,7 @@ func newMachinesDeployCmd(af *apiFlags) *cobra.Command {
 	var image, imageURL string
 	var keysFile, userDataFile, networkFile string
 	cmd := &cobra.Command{
-		Use:   "deploy M (--image NAME | --url URL --sha256 H --size N [--format F] [--image-size N]) [--disk-serial S | --disk-path P] [--wait]",
+		Use:   "deploy M (--image NAME | --url URL --sha256 H --size N [--format F] [--image-size N]) [--disk-serial S | --disk-path P | --root-device HINTS [--first-match]] [--wait]",
 		Short: "Install an image on the machine: PXE boot, ramdisk, deploy, installed OS; prints the deployment id",
 		Long: `Start a deployment of the machine, which the control plane runs as a state machine:
 pxe-booting (boot entry ramdisk, bmc.bootdev pxe and bmc.power cycle through a site agent,
@@ -239,6 +239,9 @@ better-compute machines list and better-compute machines events M.`,
 			if in.Target.Serial != "" && in.Target.Path != "" {
 				return cli.Usagef("machines deploy: give --disk-serial or --disk-path, not both")
 			}
+			if in.Target.RootDevice != "" && (in.Target.Serial != "" || in.Target.Path != "") {
+				return cli.Usagef("machines deploy: give --root-device, --disk-serial or --disk-path, not two (serial=S is a hint)")
+			}
 			if wait && timeout <= 0 {
 				return cli.Usagef("machines deploy: --timeout %v: want a positive duration", timeout)
 			}
@@ -277,6 +280,8 @@ better-compute machines list and better-compute machines events M.`,
 	f.Int64Var(&in.Image.ImageSize, "image-size", 0, "the decompressed length (required for raw.gz, raw.xz, raw.zst; for qcow2 the header's virtual size, checked when given)")
 	f.StringVar(&in.Target.Serial, "disk-serial", "", "write to the disk with this serial")
 	f.StringVar(&in.Target.Path, "disk-path", "", "write to this disk (/dev/…)")
+	f.StringVar(&in.Target.RootDevice, "root-device", "", "root-device hints the disk must match, e.g. 'serial=X,size>=100GiB,rotational=false' (keys: serial, wwn, model, vendor, size with =, >= or <=, rotational, by_path, name)")
+	f.BoolVar(&in.Target.FirstMatch, "first-match", false, "with --root-device: take the first of several matching disks instead of failing")
 	f.StringVar(&in.After, "after", protocol.AfterKexec, "once the disk is written: kexec or reboot")
 	f.StringVar(&in.Cmdline, "cmdline", "", "kernel command line for the kexec'd kernel")
 	f.StringVar(&in.Pool, "pool", apitype.DefaultPool, "pool the installed OS joins")
