@@ -61,6 +61,10 @@ func TestDeploySummary(t *testing.T) {
 	if msg != "wrote 1.0 MiB to /dev/vdb (chosen by hints serial=disk2); after: kexec" || data["chosen_by"] != "hints serial=disk2" {
 		t.Errorf("%q %v", msg, data)
 	}
+	msg, data = deploySummary(protocol.DeployImageResult{Target: protocol.DeployTarget{Path: "/dev/vda"}, Wiped: []string{"gpt", "md 1.2 on old partition 3"}, ImageSize: 1 << 20, After: "kexec"})
+	if w, _ := data["wiped"].([]string); msg != "wrote 1.0 MiB to /dev/vda; wiped: gpt, md 1.2 on old partition 3; after: kexec" || len(w) != 2 {
+		t.Errorf("%q %v", msg, data)
+	}
 }
 
 // TestDeployParamsNodeAgentAndSeed: a deployment with a release carries the

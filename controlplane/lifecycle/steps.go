@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/better-compute/bcd/controlplane/ids"
@@ -676,6 +677,10 @@ func deploySummary(r protocol.DeployImageResult) (string, map[string]any) {
 	if r.ChosenBy != "" {
 		msg += " (chosen by " + r.ChosenBy + ")"
 		data["chosen_by"] = r.ChosenBy
+	}
+	if len(r.Wiped) > 0 {
+		msg += "; wiped: " + strings.Join(r.Wiped, ", ")
+		data["wiped"] = r.Wiped
 	}
 	if r.After != "" {
 		msg += "; after: " + r.After

@@ -106,12 +106,16 @@ func TestDeployNodeAgentAndSeed(t *testing.T) {
 	// The note a deploy into an image without cloud-init reports is what
 	// machines show says.
 	note := "cloud-init was not found in the image: no /usr/bin/cloud-init"
-	data, _ := json.Marshal(map[string]any{"warnings": []string{note}})
+	data, _ := json.Marshal(map[string]any{"warnings": []string{note}, "disk": "/dev/vdb",
+		"chosen_by": "hints serial=S2", "wiped": []string{"gpt", "lvm2 on old partition 2"}})
 	if _, err := s.Store().AdvanceDeployment(context.Background(), d, store.DeploymentChange{At: time.Now(),
 		Events: []store.MachineEvent{{MachineID: d.MachineID, Time: time.Now(), Kind: protocol.MachineEventDeployDone, Message: "deploy.image wrote", Data: data}}}); err != nil {
 		t.Fatal(err)
 	}
-	if code, out, _ := runCLI(t, "", "machines", "show", "m1"); code != 0 || !regexp.MustCompile(`(?m)^NOTE:\s+`+regexp.QuoteMeta(note)+`$`).MatchString(out) {
+	// So are the disk it wrote, why that one, and what it wiped.
+	disk := "/dev/vdb, chosen by hints serial=S2; wiped: gpt, lvm2 on old partition 2"
+	if code, out, _ := runCLI(t, "", "machines", "show", "m1"); code != 0 || !regexp.MustCompile(`(?m)^NOTE:\s+`+regexp.QuoteMeta(note)+`$`).MatchString(out) ||
+		!regexp.MustCompile(`(?m)^DISK:\s+`+regexp.QuoteMeta(disk)+`$`).MatchString(out) {
 		t.Errorf("machines show: %d\n%s", code, out)
 	}
 }

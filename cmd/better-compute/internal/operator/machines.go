@@ -307,7 +307,11 @@ func newMachinesShowCmd(af *apiFlags) *cobra.Command {
 			} {
 				fmt.Fprintf(tw, "%s:\t%s\n", kv[0], kv[1])
 			}
-			for _, n := range deployNotes(cmd.Context(), c, m) {
+			disk, notes := lastDeployReport(cmd.Context(), c, m)
+			if disk != "" {
+				fmt.Fprintf(tw, "DISK:\t%s\n", disk)
+			}
+			for _, n := range notes {
 				fmt.Fprintf(tw, "NOTE:\t%s\n", n)
 			}
 			if err := tw.Flush(); err != nil {
@@ -545,29 +549,40 @@ password it has. --clear removes the BMC.`,
 	return cmd
 }
 
-// deployNotes are what the current deployment's deploy.image reported
-// without failing ("cloud-init was not found in the image: …"): the
-// warnings of the last deploy.done event since the deployment started.
-func deployNotes(ctx context.Context, c *client.Client, m apitype.MachineInfo) []string {
+// lastDeployReport is what the current deployment's deploy.image reported,
+// from the last deploy.done event since the deployment started: the disk it
+// wrote and why that one ("/dev/vdb, chosen by hints serial=S2; wiped: lvm2 on
+// old partition 2"), and its notes, what went wrong without failing the deploy
+// ("cloud-init was not found in the image: …").
+func lastDeployReport(ctx context.Context, c *client.Client, m apitype.MachineInfo) (disk string, notes []string) {
 	d := m.CurrentDeployment
 	if d == nil {
-		return nil
+		return "", nil
 	}
 	evs, err := c.MachineEvents(ctx, m.ID, 500)
 	if err != nil {
-		return []string{"deploy notes unavailable: " + err.Error()}
+		return "", []string{"deploy report unavailable: " + err.Error()}
 	}
-	var notes []string
 	for _, e := range evs.Events {
 		if e.Kind != protocol.MachineEventDeployDone || e.Time.Before(d.CreatedAt) {
 			continue
 		}
 		var data struct {
+			Disk     string   `json:"disk"`
+			ChosenBy string   `json:"chosen_by"`
+			Wiped    []string `json:"wiped"`
 			Warnings []string `json:"warnings"`
 		}
-		if json.Unmarshal(e.Data, &data) == nil {
-			notes = data.Warnings
+		if json.Unmarshal(e.Data, &data) != nil {
+			continue
+		}
+		disk, notes = data.Disk, data.Warnings
+		if data.ChosenBy != "" {
+			disk += ", chosen by " + data.ChosenBy
+		}
+		if len(data.Wiped) > 0 {
+			disk += "; wiped: " + strings.Join(data.Wiped, ", ")
 		}
 	}
-	return notes
+	return disk, notes
 }
