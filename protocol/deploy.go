@@ -29,7 +29,46 @@ type DeployImageParams struct {
 	// find it (see the deploy package).
 	RootPartition int `json:"root_partition,omitempty"`
 	ESPPartition  int `json:"esp_partition,omitempty"`
+	// NodeAgent, when set, is the bcd release the ramdisk installs into the
+	// root filesystem (a stock image that does not ship bcd): the binary,
+	// bcd.service, the join unit and their enable symlinks.
+	NodeAgent *DeployNodeAgent `json:"node_agent,omitempty"`
 }
+
+// DeployNodeAgent is the node agent binary a deploy installs: one release's
+// binary for the machine's architecture, checked against SHA256 before
+// anything is written.
+type DeployNodeAgent struct {
+	Version string `json:"version"`
+	URL     string `json:"url"`
+	SHA256  string `json:"sha256"`
+	Size    int64  `json:"size,omitempty"`
+}
+
+// Validate checks the URL and the digest.
+func (a *DeployNodeAgent) Validate() error {
+	u, err := url.Parse(a.URL)
+	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+		return fmt.Errorf("node_agent.url: want an https URL")
+	}
+	if _, err := hex.DecodeString(a.SHA256); err != nil || len(a.SHA256) != 64 || strings.ToLower(a.SHA256) != a.SHA256 {
+		return fmt.Errorf("node_agent.sha256: want 64 lowercase hex digits")
+	}
+	if a.Size < 0 || a.Size > MaxNodeAgentSize {
+		return fmt.Errorf("node_agent.size: %d is not between 0 and %d", a.Size, MaxNodeAgentSize)
+	}
+	if a.Version == "" || len(a.Version) > 128 {
+		return fmt.Errorf("node_agent.version: required, at most 128 bytes")
+	}
+	return nil
+}
+
+// MaxNodeAgentSize bounds the node agent binary a deploy downloads.
+const MaxNodeAgentSize = 512 << 20
+
+// NoCloudSeedDir is where a deploy writes the cloud-init NoCloud seed
+// (meta-data, user-data, network-config) in the installed root.
+const NoCloudSeedDir = "/var/lib/cloud/seed/nocloud"
 
 // Image formats of DeployImage.Format.
 const (
@@ -300,6 +339,11 @@ func (p *DeployImageParams) Validate() error {
 	}
 	if err := p.After.Validate(); err != nil {
 		return fmt.Errorf("after.%w", err)
+	}
+	if p.NodeAgent != nil {
+		if err := p.NodeAgent.Validate(); err != nil {
+			return err
+		}
 	}
 	return nil
 }

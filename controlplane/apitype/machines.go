@@ -186,6 +186,13 @@ type DeployCreate struct {
 	Cmdline string `json:"cmdline,omitempty"`
 	// Pool is the installed OS's node pool; "" means DefaultPool.
 	Pool string `json:"pool,omitempty"`
+	// BCDVersion names a release (better-compute releases add) whose bcd
+	// the ramdisk installs into the root, for an image that does not ship
+	// it; "" means the control plane's default (serve
+	// --deploy-bcd-version), and with none the image must ship bcd.
+	BCDVersion string `json:"bcd_version,omitempty"`
+	// Seed is the cloud-init NoCloud seed the deploy writes (see Seed).
+	Seed Seed `json:"seed,omitzero"`
 }
 
 // Normalize fills in a deploy's defaults: after kexec (a deployment ends
@@ -225,6 +232,12 @@ func (d DeployCreate) Validate() error {
 	if !protocol.ValidName(d.Pool) {
 		return fmt.Errorf("pool %q: %s", human.Short(d.Pool), protocol.NameRule)
 	}
+	if d.BCDVersion != "" && !ValidVersion(d.BCDVersion) {
+		return fmt.Errorf("bcd_version %q: want a release version such as 1.4.0", human.Short(d.BCDVersion))
+	}
+	if err := d.Seed.Validate(); err != nil {
+		return err
+	}
 	p := protocol.DeployImageParams{Image: d.Image, Target: d.Target, After: protocol.DeployAfter{Action: d.After, Cmdline: d.Cmdline}}
 	return p.Validate()
 }
@@ -246,6 +259,10 @@ type DeploySpec struct {
 	After   string `json:"after"`
 	Cmdline string `json:"cmdline,omitempty"`
 	Pool    string `json:"pool"`
+	// BCDVersion is the release whose bcd the deploy installs, "" when the
+	// image ships it; Seed the cloud-init seed.
+	BCDVersion string `json:"bcd_version,omitempty"`
+	Seed       Seed   `json:"seed,omitzero"`
 }
 
 // Deployment is one run of a machine's lifecycle, from `machines deploy` to

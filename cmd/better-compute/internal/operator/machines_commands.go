@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"time"
 
@@ -196,6 +197,7 @@ func newMachinesDeployCmd(af *apiFlags) *cobra.Command {
 	var wait bool
 	var timeout time.Duration
 	var image, imageURL string
+	var keysFile, userDataFile, networkFile string
 	cmd := &cobra.Command{
 		Use:   "deploy M (--image NAME | --url URL --sha256 H --size N [--format F] [--image-size N]) [--disk-serial S | --disk-path P] [--wait]",
 		Short: "Install an image on the machine: PXE boot, ramdisk, deploy, installed OS; prints the deployment id",
@@ -214,12 +216,24 @@ URL, digest, size and format the control plane copies into the deployment, or is
 whole: --url, --sha256, --size (and --format, --image-size). --image URL is --url, as
 before the catalog. A catalog name with any of the image's own flags is refused.
 
+A stock image (one that does not ship bcd) gets its node agent from the deploy: --bcd-version V
+names a release added with better-compute releases add (or serve --deploy-bcd-version sets a
+default); the ramdisk downloads that release's binary for the machine's architecture, checks its
+SHA-256, and writes /usr/local/bin/bcd, bcd.service, bcd-join.service and their enable symlinks.
+--hostname, --ssh-authorized-keys, --user-data and --network-config write a cloud-init NoCloud
+seed (/var/lib/cloud/seed/nocloud: meta-data with instance-id = the node id, local-hostname and
+public-keys; user-data; network-config). An image without cloud-init still deploys; machines show
+says cloud-init was not found.
+
 It prints the deployment id and returns; with --wait it prints each state as the machine
 reaches it and exits 0 once provisioned, 1 when failed. Follow a deployment with
 better-compute machines list and better-compute machines events M.`,
 		Args: cli.ExactArgs(1, "the machine (id, name or MAC)"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := deployImageFlags(cmd, &in, image, imageURL); err != nil {
+				return err
+			}
+			if err := deploySeedFlags(&in, keysFile, userDataFile, networkFile); err != nil {
 				return err
 			}
 			if in.Target.Serial != "" && in.Target.Path != "" {
@@ -266,6 +280,11 @@ better-compute machines list and better-compute machines events M.`,
 	f.StringVar(&in.After, "after", protocol.AfterKexec, "once the disk is written: kexec or reboot")
 	f.StringVar(&in.Cmdline, "cmdline", "", "kernel command line for the kexec'd kernel")
 	f.StringVar(&in.Pool, "pool", apitype.DefaultPool, "pool the installed OS joins")
+	f.StringVar(&in.BCDVersion, "bcd-version", "", "install this release's bcd (better-compute releases add) into the root, for an image that does not ship it (default: serve --deploy-bcd-version)")
+	f.StringVar(&in.Seed.Hostname, "hostname", "", "cloud-init local-hostname (RFC 1123) in the NoCloud seed")
+	f.StringVar(&keysFile, "ssh-authorized-keys", "", "file of OpenSSH public keys (one a line) for the seed's public-keys")
+	f.StringVar(&userDataFile, "user-data", "", "cloud-init user-data file for the seed (default: a minimal #cloud-config)")
+	f.StringVar(&networkFile, "network-config", "", "cloud-init network-config file for the seed")
 	f.BoolVar(&wait, "wait", false, "wait until the machine is provisioned (exit 0) or failed (exit 1), printing each state")
 	f.DurationVar(&timeout, "timeout", time.Hour, "with --wait: how long to wait")
 	return cmd
@@ -346,6 +365,58 @@ command an agent already runs is not called back. Deploy it again with machines 
 			return err
 		},
 	}
+}
+
+// deploySeedFlags reads the seed's files into in: the keys checked line by
+// line, user-data and network-config as given (their bounds are checked by
+// Validate).
+func deploySeedFlags(in *apitype.DeployCreate, keysFile, userDataFile, networkFile string) error {
+	read := func(flag, name string) (string, error) {
+		if name == "" {
+			return "", nil
+		}
+		b, err := readBounded(name, apitype.MaxSeedUserData)
+		if err != nil {
+			return "", cli.Usagef("machines deploy: %s %s: %v", flag, name, err)
+		}
+		return string(b), nil
+	}
+	keys, err := read("--ssh-authorized-keys", keysFile)
+	if err != nil {
+		return err
+	}
+	if keysFile != "" {
+		if in.Seed.SSHAuthorizedKeys, err = apitype.ParseSSHAuthorizedKeys([]byte(keys)); err != nil {
+			return cli.Usagef("machines deploy: --ssh-authorized-keys %s: %v", keysFile, err)
+		}
+	}
+	if in.Seed.UserData, err = read("--user-data", userDataFile); err != nil {
+		return err
+	}
+	if userDataFile != "" && in.Seed.UserData == "" {
+		return cli.Usagef("machines deploy: --user-data %s: the file is empty", userDataFile)
+	}
+	if in.Seed.NetworkConfig, err = read("--network-config", networkFile); err != nil {
+		return err
+	}
+	return nil
+}
+
+// readBounded reads a file of at most limit bytes.
+func readBounded(name string, limit int64) ([]byte, error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("larger than %d bytes", limit)
+	}
+	return b, nil
 }
 
 // imageFlags are machines deploy's flags that describe the image itself,
