@@ -2,6 +2,7 @@ package api_test
 
 import (
 	"encoding/json"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -111,7 +112,7 @@ func TestImageCatalog(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a.Deployment.Spec != n.Deployment.Spec || n.Deployment.Spec.Image.URL != "https://images.example.test/ubuntu.raw.zst" ||
+	if !reflect.DeepEqual(a.Deployment.Spec, n.Deployment.Spec) || n.Deployment.Spec.Image.URL != "https://images.example.test/ubuntu.raw.zst" ||
 		a.Deployment.Step != n.Deployment.Step || a.Machine.State != n.Machine.State {
 		t.Errorf("by URL %+v\nby name %+v", a.Deployment, n.Deployment)
 	}
