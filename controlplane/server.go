@@ -112,6 +112,11 @@ type Server struct {
 	// MinProtocolVersion is the oldest protocol an agent may speak before
 	// its session is upgrade_required; 0 means protocol.MinVersion.
 	MinProtocolVersion int
+	// DeployBCDVersion is the release (better-compute releases add) whose
+	// bcd a deploy installs into the root when machines deploy gave no
+	// --bcd-version (serve --deploy-bcd-version); "" means none: the image
+	// must ship bcd.
+	DeployBCDVersion string
 	// RolloutTick is how often the rollout controller looks at the active
 	// rollouts when nothing woke it; 0 means rollouts.DefaultTick.
 	RolloutTick time.Duration
@@ -437,7 +442,8 @@ func (s *Server) Start() (err error) {
 		Lifecycle: s.lc,
 		Rollouts: &rollouts.Service{Store: s.store, ReleasePins: s.ReleasePins, ReleaseThreshold: s.ReleaseThreshold,
 			Notifier: s.gw, Kick: s.rc.Kick, Logger: s.log().With("component", "rollouts")},
-		Logger: s.log().With("component", "api"),
+		DeployBCDVersion: s.DeployBCDVersion,
+		Logger:           s.log().With("component", "api"),
 	}
 	errLog := slog.NewLogLogger(s.log().Handler(), slog.LevelDebug)
 	s.apiSrv = &http.Server{

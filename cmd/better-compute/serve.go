@@ -106,6 +106,7 @@ A pruner applies them at start and every minute, in batches of 1,000 rows.`,
 	f.StringSliceVar(&s.ReleasePins, "release-pins", nil, "SPKI pins (sha256/…) of the operator's release signing keys: releases add verifies every manifest under them, and is refused without them")
 	f.IntVar(&s.ReleaseThreshold, "release-threshold", 0, "how many distinct --release-pins keys must have signed a release (default 1)")
 	f.IntVar(&s.MinProtocolVersion, "min-protocol-version", protocol.MinVersion, "agents below this protocol version are upgrade_required: sent only daemon.upgrade (for tests)")
+	f.StringVar(&s.DeployBCDVersion, "deploy-bcd-version", "", "the release (better-compute releases add) whose bcd machines deploy installs into the image's root when it gives no --bcd-version (default: none; the image must ship bcd)")
 	f.DurationVar(&s.RolloutTick, "rollout-interval", rollouts.DefaultTick, "how often the rollout controller looks at active rollouts when nothing woke it (for tests)")
 	f.MarkHidden("min-protocol-version")
 	f.MarkHidden("rollout-interval")

@@ -87,6 +87,9 @@ type Server struct {
 	// Rollouts adds releases, runs rollouts and sends daemon.upgrade; nil
 	// refuses them (UNSUPPORTED).
 	Rollouts *rollouts.Service
+	// DeployBCDVersion is the release a deploy without bcd_version installs
+	// (serve --deploy-bcd-version); "" means such a deploy installs none.
+	DeployBCDVersion string
 	// Logger; nil discards.
 	Logger *slog.Logger
 	// Now is the clock; nil means time.Now.

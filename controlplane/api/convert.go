@@ -202,7 +202,10 @@ func toMachine(m store.Machine, siteApproval string, ramdiskConnected, nodeConne
 // fragment, which may hold a credential.
 func toDeployment(d store.Deployment) apitype.Deployment {
 	spec := apitype.DeploySpec{Image: d.Spec.Image, Target: d.Spec.Target, After: d.Spec.After, Cmdline: d.Spec.Cmdline,
-		Pool: d.Spec.Pool}
+		Pool: d.Spec.Pool, BCDVersion: d.Spec.BCDVersion,
+		// The seed's user-data and network-config may hold secrets: shown
+		// are the host name and keys only.
+		Seed: apitype.Seed{Hostname: d.Spec.Seed.Hostname, SSHAuthorizedKeys: d.Spec.Seed.SSHAuthorizedKeys}}
 	spec.Image.URL = protocol.RedactURL(spec.Image.URL)
 	return apitype.Deployment{ID: d.ID, MachineID: d.MachineID, Spec: spec, Step: d.Step, Deadline: d.Deadline,
 		BootAttempts: d.BootAttempts, DeployAttempts: d.DeployAttempts, DeployFailures: d.DeployFailures,

@@ -121,7 +121,7 @@ func TestImageCatalog(t *testing.T) {
 		t.Fatal(err)
 	}
 	dn, err := e.st.GetDeployment(ctx, n.Deployment.ID)
-	if err != nil || dn.Spec != da.Spec || dn.Spec.Image.URL != img.URL {
+	if err != nil || !reflect.DeepEqual(dn.Spec, da.Spec) || dn.Spec.Image.URL != img.URL {
 		t.Errorf("stored specs: by URL %+v, by name %+v (%v)", da.Spec, dn.Spec, err)
 	}
 
@@ -132,7 +132,7 @@ func TestImageCatalog(t *testing.T) {
 	if _, err := e.c.DeleteImage(ctx, "ubuntu-24.04"); client.Code(err) != protocol.CodeNotFound {
 		t.Errorf("delete again: %v", err)
 	}
-	if d, err := e.st.GetDeployment(ctx, n.Deployment.ID); err != nil || d.Spec != dn.Spec {
+	if d, err := e.st.GetDeployment(ctx, n.Deployment.ID); err != nil || !reflect.DeepEqual(d.Spec, dn.Spec) {
 		t.Errorf("the deployment after the delete: %+v %v", d.Spec, err)
 	}
 	if list, _ := e.c.ListImages(ctx); len(list) != 1 || list[0].Name != "alma-9" {

@@ -11,6 +11,7 @@ import (
 	"github.com/better-compute/bcd/controlplane/httpjson"
 	"github.com/better-compute/bcd/controlplane/ids"
 	"github.com/better-compute/bcd/controlplane/machines"
+	"github.com/better-compute/bcd/controlplane/rollouts"
 	"github.com/better-compute/bcd/controlplane/store"
 	"github.com/better-compute/bcd/internal/human"
 	"github.com/better-compute/bcd/protocol"
@@ -387,13 +388,46 @@ func (s *Server) deploy(w http.ResponseWriter, r *http.Request) error {
 			return httpjson.Errorf(protocol.CodeInvalidInput, "%v", err)
 		}
 	}
+	version, agents, err := s.nodeAgent(r, in.BCDVersion)
+	if err != nil {
+		return err
+	}
 	d, got, err := s.machines().Deploy(r.Context(), m, store.DeploySpec{Image: in.Image, Target: in.Target, After: in.After,
-		Cmdline: in.Cmdline, Pool: in.Pool})
+		Cmdline: in.Cmdline, Pool: in.Pool, BCDVersion: version, NodeAgent: agents, Seed: in.Seed})
 	if err != nil {
 		return err
 	}
 	httpjson.WriteJSON(w, http.StatusCreated, apitype.DeployCreated{Machine: s.machineInfo(r, got, nil), Deployment: toDeployment(d)})
 	return nil
+}
+
+// nodeAgent resolves a deploy's bcd_version (or, when it gave none, the
+// control plane's default, serve --deploy-bcd-version) to the release's
+// binaries, which the deployment keeps; "" and none when neither names one.
+func (s *Server) nodeAgent(r *http.Request, version string) (string, []store.NodeAgentBinary, error) {
+	if version == "" {
+		version = s.DeployBCDVersion
+	}
+	if version == "" {
+		return "", nil, nil
+	}
+	if s.Rollouts == nil {
+		return "", nil, httpjson.Errorf(protocol.CodeUnsupported, "bcd_version %s: this control plane keeps no releases", human.Short(version))
+	}
+	rel, err := s.Rollouts.Release(r.Context(), version)
+	if err != nil {
+		return "", nil, err // a refusal that names the version
+	}
+	var agents []store.NodeAgentBinary
+	for _, arch := range rollouts.Arches {
+		if b, ok := rel.Binary(arch); ok {
+			agents = append(agents, store.NodeAgentBinary{Arch: arch, URL: rel.BinaryURL(arch), SHA256: b.SHA256, Size: b.Size})
+		}
+	}
+	if len(agents) == 0 {
+		return "", nil, httpjson.Errorf(protocol.CodeInvalidInput, "bcd_version %s: the release lists no linux binary", rel.Version)
+	}
+	return rel.Version, agents, nil
 }
 
 func (s *Server) cancel(w http.ResponseWriter, r *http.Request) error {

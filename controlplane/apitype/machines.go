@@ -313,3 +313,16 @@ type DeployCreated struct {
 	Machine    MachineInfo `json:"machine"`
 	Deployment Deployment  `json:"deployment"`
 }
+
+// Seed is a deploy's cloud-init NoCloud seed (protocol.DeploySeed).
+type Seed = protocol.DeploySeed
+
+// Bounds and checks of a seed, for the CLI.
+const MaxSeedUserData = protocol.MaxSeedUserData
+
+// ParseSSHAuthorizedKeys reads an authorized_keys-style file
+// (protocol.ParseSSHAuthorizedKeys).
+func ParseSSHAuthorizedKeys(b []byte) ([]string, error) { return protocol.ParseSSHAuthorizedKeys(b) }
+
+// ValidVersion accepts a release version (protocol.ValidVersion).
+func ValidVersion(v string) bool { return protocol.ValidVersion(v) }

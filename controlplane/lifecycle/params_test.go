@@ -21,7 +21,7 @@ func TestDeployParams(t *testing.T) {
 	spec := store.DeploySpec{Image: protocol.DeployImage{URL: "https://images.example.test/ubuntu.raw.zst", SHA256: strings.Repeat("ab", 32),
 		Size: 1 << 30, Format: protocol.FormatZstd, ImageSize: 4 << 30}, Target: protocol.DeployTarget{Serial: "S123"},
 		After: protocol.AfterKexec, Cmdline: "console=ttyS0", Pool: "default"}
-	p, err := c.deployParams(store.Machine{ID: "m_1", Site: cptest.Site}, spec, "bcjt_secret", "n_installed")
+	p, err := c.deployParams(store.Machine{ID: "m_1", Site: cptest.Site}, spec, "bcjt_secret", "n_installed", "")
 	if err != nil {
 		t.Fatal(err)
 	}

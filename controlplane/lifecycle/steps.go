@@ -366,7 +366,7 @@ func (p *plan) startDeploy(ctx context.Context, why string) error {
 	}
 	nodeID := ids.New(ids.PrefixNode, p.now)
 	j := token.NewJoin(p.now)
-	params, err := p.c.deployParams(m, d.Spec, j.Token, nodeID)
+	params, err := p.c.deployParams(m, d.Spec, j.Token, nodeID, d.RamdiskNode)
 	if err != nil {
 		p.fail(fmt.Sprintf("building deploy.image: %v", err), OutcomeFailed)
 		return nil
@@ -423,7 +423,7 @@ func (p *plan) heldForEK(ctx context.Context) (bool, error) {
 // deployParams are an attempt's deploy.image params: the spec and the four
 // files the installed OS joins with. They hold the token: they go into the
 // command and nowhere else.
-func (c *Controller) deployParams(m store.Machine, spec store.DeploySpec, tok, nodeID string) (protocol.DeployImageParams, error) {
+func (c *Controller) deployParams(m store.Machine, spec store.DeploySpec, tok, nodeID, ramdisk string) (protocol.DeployImageParams, error) {
 	if c.Install == nil {
 		return protocol.DeployImageParams{}, errors.New("the control plane has no install configuration")
 	}
@@ -433,7 +433,30 @@ func (c *Controller) deployParams(m store.Machine, spec store.DeploySpec, tok, n
 	if err != nil {
 		return protocol.DeployImageParams{}, err
 	}
-	p := spec.Params(files)
+	seed, err := machines.SeedFiles(spec.Seed, nodeID)
+	if err != nil {
+		return protocol.DeployImageParams{}, err
+	}
+	p := spec.Params(append(files, seed...))
+	if spec.BCDVersion != "" {
+		arch := ""
+		if n, err := c.Store.GetNode(context.Background(), ramdisk); err == nil {
+			arch = n.DaemonArch
+		}
+		if arch == "" {
+			arch = "amd64" // a ramdisk that reported none is an amd64 build
+		}
+		var found bool
+		for _, b := range spec.NodeAgent {
+			if b.Arch == arch {
+				p.NodeAgent = &protocol.DeployNodeAgent{Version: spec.BCDVersion, URL: b.URL, SHA256: b.SHA256, Size: b.Size}
+				found = true
+			}
+		}
+		if !found {
+			return protocol.DeployImageParams{}, fmt.Errorf("release %s has no bcd for linux/%s (the ramdisk's architecture)", spec.BCDVersion, arch)
+		}
+	}
 	if err := p.Validate(); err != nil {
 		return protocol.DeployImageParams{}, err
 	}

@@ -1,8 +1,10 @@
 package machines
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/better-compute/bcd/config"
 	"github.com/better-compute/bcd/pki"
@@ -76,4 +78,43 @@ func InstallFiles(in Install) ([]protocol.DeployFile, error) {
 		file(InstallTokenPath, []byte(in.Token+"\n")),
 		file(InstallNodeIDPath, []byte(in.NodeID+"\n")),
 	}, nil
+}
+
+// SeedFiles are the cloud-init NoCloud seed a deploy writes
+// (protocol.NoCloudSeedDir), none for a zero seed: meta-data (instance-id,
+// the node id; local-hostname; public-keys), user-data (the operator's,
+// else "#cloud-config"), network-config when given. 0600 and root's:
+// user-data may hold secrets, and cloud-init runs as root.
+func SeedFiles(s protocol.DeploySeed, nodeID string) ([]protocol.DeployFile, error) {
+	if s.Empty() {
+		return nil, nil
+	}
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	var md strings.Builder
+	// JSON strings are YAML scalars, so no value can break the document.
+	q := func(v string) string { b, _ := json.Marshal(v); return string(b) }
+	fmt.Fprintf(&md, "instance-id: %s\n", q(nodeID))
+	if s.Hostname != "" {
+		fmt.Fprintf(&md, "local-hostname: %s\n", q(s.Hostname))
+	}
+	if len(s.SSHAuthorizedKeys) > 0 {
+		md.WriteString("public-keys:\n")
+		for _, k := range s.SSHAuthorizedKeys {
+			fmt.Fprintf(&md, "  - %s\n", q(k))
+		}
+	}
+	ud := s.UserData
+	if ud == "" {
+		ud = "#cloud-config\n"
+	}
+	file := func(name, content string) protocol.DeployFile {
+		return protocol.DeployFile{FS: protocol.FSRoot, Path: protocol.NoCloudSeedDir + "/" + name, Mode: 0o600, Content: []byte(content)}
+	}
+	out := []protocol.DeployFile{file("meta-data", md.String()), file("user-data", ud)}
+	if s.NetworkConfig != "" {
+		out = append(out, file("network-config", s.NetworkConfig))
+	}
+	return out, nil
 }

@@ -164,6 +164,12 @@ func (s *Service) AddRelease(ctx context.Context, manifest []byte, urlBase strin
 	return out, added, nil
 }
 
+// Release returns a stored release that has not expired, or a refusal
+// that names the version.
+func (s *Service) Release(ctx context.Context, version string) (store.Release, error) {
+	return s.release(ctx, version)
+}
+
 // release returns a stored release that has not expired.
 func (s *Service) release(ctx context.Context, version string) (store.Release, error) {
 	rel, err := s.Store.GetRelease(ctx, version)

@@ -29,6 +29,20 @@ type DeploySpec struct {
 	After   string `json:"after"`
 	Cmdline string `json:"cmdline,omitempty"`
 	Pool    string `json:"pool"`
+	// BCDVersion is the release whose bcd the ramdisk installs into the
+	// root, "" when the image ships it; NodeAgent its binaries, one per
+	// architecture, copied from the release when the deploy was made.
+	BCDVersion string              `json:"bcd_version,omitempty"`
+	NodeAgent  []NodeAgentBinary   `json:"node_agent,omitempty"`
+	Seed       protocol.DeploySeed `json:"seed,omitzero"`
+}
+
+// NodeAgentBinary is one architecture's bcd of a release.
+type NodeAgentBinary struct {
+	Arch   string `json:"arch"`
+	URL    string `json:"url"`
+	SHA256 string `json:"sha256"`
+	Size   int64  `json:"size,omitempty"`
 }
 
 // Params are the deploy.image params of the spec with files.

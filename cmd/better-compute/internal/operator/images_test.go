@@ -3,6 +3,7 @@ package operator
 import (
 	"context"
 	"encoding/json"
+	"reflect"
 	"regexp"
 	"strings"
 	"testing"
@@ -112,7 +113,7 @@ func TestImagesCatalog(t *testing.T) {
 		t.Fatal(err)
 	}
 	dn, err := s.Store().GetDeployment(context.Background(), byName)
-	if err != nil || dn.Spec != da.Spec || dn.Spec.Image.URL != secretURL || dn.Step != da.Step {
+	if err != nil || !reflect.DeepEqual(dn.Spec, da.Spec) || dn.Spec.Image.URL != secretURL || dn.Step != da.Step {
 		t.Errorf("by URL %+v %s\nby name %+v %s (%v)", da.Spec, da.Step, dn.Spec, dn.Step, err)
 	}
 	code, out, _ = runCLI(t, "", "machines", "show", "byname")
@@ -127,7 +128,7 @@ func TestImagesCatalog(t *testing.T) {
 	if code, _, errOut = runCLI(t, "", "images", "delete", "debian-12"); code != 1 || !strings.Contains(errOut, "NOT_FOUND") {
 		t.Errorf("images delete again: %d %s", code, errOut)
 	}
-	if d, err := s.Store().GetDeployment(context.Background(), byName); err != nil || d.Spec != dn.Spec {
+	if d, err := s.Store().GetDeployment(context.Background(), byName); err != nil || !reflect.DeepEqual(d.Spec, dn.Spec) {
 		t.Errorf("the deployment after the delete: %+v %v", d.Spec, err)
 	}
 	if code, out, _ = runCLI(t, "", "images", "list", "-o", "json"); code != 0 || json.Unmarshal([]byte(out), &list) != nil || len(list) != 1 || list[0].Name != "alma-9" {

@@ -1,4 +1,4 @@
-package apitype
+package protocol
 
 import (
 	"bytes"
@@ -11,11 +11,11 @@ import (
 	"github.com/better-compute/bcd/internal/human"
 )
 
-// Seed is what a deploy writes as the installed OS's cloud-init NoCloud seed
-// (protocol.NoCloudSeedDir): meta-data with instance-id (the node id),
+// DeploySeed is what a deploy writes as the installed OS's cloud-init NoCloud seed
+// (NoCloudSeedDir): meta-data with instance-id (the node id),
 // local-hostname and public-keys; user-data; network-config when given. A
 // zero Seed writes none.
-type Seed struct {
+type DeploySeed struct {
 	// Hostname is local-hostname: an RFC 1123 host name.
 	Hostname string `json:"hostname,omitempty"`
 	// SSHAuthorizedKeys are OpenSSH public key lines (authorized_keys
@@ -36,12 +36,12 @@ const (
 )
 
 // Empty reports whether the seed asks for nothing.
-func (s Seed) Empty() bool {
+func (s DeploySeed) Empty() bool {
 	return s.Hostname == "" && len(s.SSHAuthorizedKeys) == 0 && s.UserData == "" && s.NetworkConfig == ""
 }
 
 // Validate checks the host name, each key and the sizes.
-func (s Seed) Validate() error {
+func (s DeploySeed) Validate() error {
 	if s.Hostname != "" {
 		if err := ValidHostname(s.Hostname); err != nil {
 			return fmt.Errorf("seed.hostname (--hostname): %w", err)
