@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +15,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -34,6 +36,11 @@ type Deployer struct {
 	// Proxy is the HTTP proxy used when the params name none: the ramdisk passes the
 	// site agent's (bcd.proxy). nil dials directly.
 	Proxy *url.URL
+	// NodeAgentTrust, when set, also accepts the server certificate chain
+	// of a node agent download that the system roots do not: the ramdisk
+	// checks it against the serving CA pin, since the control plane serves
+	// releases under its own CA.
+	NodeAgentTrust func(chain []*x509.Certificate, serverName string) error
 	// AllowHTTP permits http:// image URLs. The ramdisk sets it only when it fetches
 	// through its site proxy, and in a fakehw build: the digest still guards the
 	// bytes, but https keeps the image private on the way.
@@ -148,6 +155,9 @@ type Result struct {
 	// Direct says the image was written with O_DIRECT; SkippedZeros that zero
 	// blocks were skipped on a target zeroed first.
 	Direct, SkippedZeros bool
+	// Wiped names the old signatures removed from the disk before the write:
+	// "gpt", "lvm2 on old partition 2", "md 1.2 on old partition 3".
+	Wiped []string
 	// After is the action Finish takes.
 	After string
 	// Warnings are what went wrong without failing the deploy.
@@ -305,6 +315,10 @@ func (d *Deployer) Deploy(ctx context.Context, p Request, progress func(Progress
 		}
 	}()
 	res.Direct, res.SkippedZeros = isDirect(t.direct), t.zeroed
+	res.Wiped = t.wiped
+	if len(t.wiped) > 0 {
+		log.Info("deploy: removed old signatures", "wiped", strings.Join(t.wiped, ", "))
+	}
 	log.Info("deploy: writing", "format", format, "image_size", imageSize, "direct", res.Direct, "skip_zeros", t.zeroed)
 
 	rep.setStage(StageWrite)
@@ -390,8 +404,24 @@ func (d *Deployer) Deploy(ctx context.Context, p Request, progress func(Progress
 		return res, err
 	}
 	rep.setStage(StageFiles)
-	if err := d.writeFiles(ctx, inst, p.Files, tmp, &res); err != nil {
+	files := p.Files
+	var links []extWrite
+	if p.NodeAgent != nil {
+		agent, err := d.fetchNodeAgent(ctx, &p, tmp)
+		if err != nil {
+			return res, err
+		}
+		var add []File
+		if add, links, err = nodeAgentFiles(agent); err != nil {
+			return res, err
+		}
+		files = append(add, files...)
+	}
+	if err := d.writeFiles(ctx, inst, files, links, tmp, &res); err != nil {
 		return res, err
+	}
+	if w := d.checkCloudInit(ctx, inst, files, tmp); w != "" {
+		res.Warnings = append(res.Warnings, w)
 	}
 	if p.After.Action == protocol.AfterKexec {
 		rep.setStage(StageKernel)
@@ -506,7 +536,8 @@ func (d *Deployer) selectTarget(sel Target, imageSize int64) (path string, disk 
 	return disk.Path, disk, true, nil
 }
 
-// openTarget opens the disk and prepares it: both ends zeroed at once, so that an
+// openTarget opens the disk and prepares it: old signatures removed (see
+// target.wipeOld), both ends zeroed at once, so that an
 // interrupted deploy (power lost mid-write) leaves no partition table either, and
 // the image's range zeroed where the device does that cheaply, so that zero blocks
 // of the image need no write.
@@ -533,6 +564,10 @@ func (d *Deployer) openTarget(path string, block bool, imageSize int64) (*target
 	if t.size < imageSize {
 		t.close()
 		return nil, failf(reasonNoDisk, "%s holds %d bytes, the image needs %d", path, t.size, imageSize)
+	}
+	if t.wiped, err = t.wipeOld(); err != nil {
+		t.close()
+		return nil, &Error{Reason: reasonWrite, Err: fmt.Errorf("deploy: %w", err)}
 	}
 	if err := t.wipe(0); err != nil {
 		t.close()

@@ -8,6 +8,15 @@
 // is held back until the SHA-256 and the size check out, and any failure wipes the
 // first and last MiB of the disk, so a half-written image never boots.
 //
+// Before anything is written, the disk's old partition table is read (the backup
+// GPT when the primary is damaged, an MBR's logical partitions through its EBRs)
+// and the first and last MiB of every old partition are zeroed, then the disk's
+// own ends: the installed OS then finds no stale md array (superblocks 0.90, 1.0,
+// 1.1, 1.2), LVM physical volume or filesystem on partitions the new image does
+// not cover, such as old ones past a smaller image's end. Result.Wiped (the wire
+// result's wiped) names what was found: "gpt", "lvm2 on old partition 2",
+// "md 1.2 on old partition 3".
+//
 // A qcow2 image (version 2 or 3, deflate- or zstd-compressed clusters) is
 // converted as it streams, with no copy of the file: each data cluster goes to
 // its guest offset once the L2 table that maps it has been read, and clusters

@@ -214,8 +214,10 @@ func (e *extFS) exists(ctx context.Context, tmp, p string) (bool, error) {
 // extWrite is one file to write: its content is already in a private temp file.
 type extWrite struct {
 	src, dest string
-	mode      uint32
-	uid, gid  int
+	// link, when set, makes dest a symbolic link to link (src unused).
+	link     string
+	mode     uint32
+	uid, gid int
 }
 
 // write writes files into the filesystem in one debugfs session: missing
@@ -258,7 +260,7 @@ func (e *extFS) write(ctx context.Context, tmp string, files []extWrite) error {
 			return err
 		}
 		qs, err := debugfsQuote(f.src)
-		if err != nil {
+		if err != nil && f.link == "" {
 			return err
 		}
 		switch k := kinds[f.dest]; k {
@@ -267,6 +269,15 @@ func (e *extFS) write(ctx context.Context, tmp string, files []extWrite) error {
 			cmds = append(cmds, "rm "+q)
 		default:
 			return fmt.Errorf("%s is a %s; refusing to replace it with a file", f.dest, k)
+		}
+		kinds[f.dest] = kindMissing
+		if f.link != "" {
+			ql, err := debugfsQuote(f.link)
+			if err != nil {
+				return err
+			}
+			cmds = append(cmds, "symlink "+q+" "+ql)
+			continue
 		}
 		cmds = append(cmds, "write "+qs+" "+q,
 			fmt.Sprintf("sif %s mode 0%o", q, 0o100000|f.mode),

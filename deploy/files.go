@@ -13,7 +13,9 @@ import (
 // content goes to a 0600 file in the deploy's private temp directory, which debugfs
 // and mtools read: no content ever reaches a command line. The root filesystem is
 // checked with e2fsck -fn afterwards.
-func (d *Deployer) writeFiles(ctx context.Context, in *installed, files []File, tmp string, res *Result) error {
+//
+// links are symbolic links to make in the root filesystem (extWrite.link).
+func (d *Deployer) writeFiles(ctx context.Context, in *installed, files []File, links []extWrite, tmp string, res *Result) error {
 	var root, esp []extWrite
 	for i, f := range files {
 		src := filepath.Join(tmp, fmt.Sprintf("file-%d", i))
@@ -27,6 +29,7 @@ func (d *Deployer) writeFiles(ctx context.Context, in *installed, files []File, 
 			root = append(root, w)
 		}
 	}
+	root = append(root, links...)
 	if len(root) > 0 {
 		if in.root == nil {
 			return failf(reasonPartitions, "files for the root filesystem: %v", in.rootErr)

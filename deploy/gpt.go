@@ -67,6 +67,15 @@ var (
 	mbrTypeProtective = byte(0xee)
 )
 
+// GPTs are read and the backup header moved here rather than through
+// github.com/diskfs/go-diskfs (v1.9.4), which the design names: its Write stores
+// the last LBA into the protective MBR's 32-bit size without saturating, so on a
+// disk over 2 TiB with 512-byte sectors the protective partition covers the
+// wrapped remainder, not 0xffffffff sectors as UEFI asks; and its Read allocates
+// whatever entry array the header declares. gpt_diskfs_test.go compares both on
+// sgdisk's tables, 4096-byte sectors, an image shorter than its disk and a 3 TiB
+// disk, and fails when a go-diskfs release no longer wraps.
+
 // PartitionTable is a disk's GPT, or its MBR when it has no GPT.
 type PartitionTable struct {
 	// Kind is "gpt" or "mbr".
@@ -146,11 +155,22 @@ func ReadPartitionTable(r io.ReaderAt, size int64, sectorSize int) (*PartitionTa
 }
 
 func readGPT(r io.ReaderAt, size int64, ss int) (*PartitionTable, error) {
+	return readGPTAt(r, size, ss, 1)
+}
+
+// readBackupGPT reads the GPT from its backup header at the disk's last LBA: what
+// an old disk whose primary GPT is damaged still says about its partitions.
+func readBackupGPT(r io.ReaderAt, size int64, ss int) (*PartitionTable, error) {
+	return readGPTAt(r, size, ss, uint64(size/int64(ss))-1)
+}
+
+// readGPTAt reads the GPT header at LBA at (1 for the primary) and its entries.
+func readGPTAt(r io.ReaderAt, size int64, ss int, at uint64) (*PartitionTable, error) {
 	if size < int64(ss)*3 {
 		return nil, errNoPartitionTable
 	}
 	hdr := make([]byte, ss)
-	if _, err := r.ReadAt(hdr, int64(ss)); err != nil {
+	if _, err := r.ReadAt(hdr, int64(at)*int64(ss)); err != nil {
 		return nil, fmt.Errorf("read GPT header: %w", err)
 	}
 	if string(hdr[:8]) != gptSignature {
@@ -164,8 +184,8 @@ func readGPT(r io.ReaderAt, size int64, ss int) (*PartitionTable, error) {
 	if got, want := headerCRC(hdr[:hsize]), le.Uint32(hdr[16:]); got != want {
 		return nil, fmt.Errorf("GPT header CRC %08x, the header says %08x", got, want)
 	}
-	if my := le.Uint64(hdr[24:]); my != 1 {
-		return nil, fmt.Errorf("GPT primary header says it is at LBA %d, not 1", my)
+	if my := le.Uint64(hdr[24:]); my != at {
+		return nil, fmt.Errorf("GPT header says it is at LBA %d, not %d", my, at)
 	}
 	sectors := uint64(size) / uint64(ss)
 	firstUsable, lastUsable := le.Uint64(hdr[40:]), le.Uint64(hdr[48:])
@@ -181,7 +201,7 @@ func readGPT(r io.ReaderAt, size int64, ss int) (*PartitionTable, error) {
 	if total == 0 || total > maxGPTEntries {
 		return nil, fmt.Errorf("GPT entry array of %d entries of %d bytes is not between 1 byte and 1 MiB", n, esize)
 	}
-	if entryLBA < 2 || entryLBA >= sectors || entryLBA*uint64(ss)+total > uint64(size) {
+	if entryLBA < 2 || entryLBA >= sectors || (entryLBA <= at && entryLBA*uint64(ss)+total > at*uint64(ss)) || entryLBA*uint64(ss)+total > uint64(size) {
 		return nil, fmt.Errorf("GPT entry array at LBA %d does not fit the disk", entryLBA)
 	}
 	entries := make([]byte, total)

@@ -27,6 +27,16 @@ type Request struct {
 	// RootPartition and ESPPartition force a partition number (1-based); zero
 	// means find it (see the package doc).
 	RootPartition, ESPPartition int
+	// NodeAgent, when set, is the bcd the deploy installs into the root (see
+	// installNodeAgent); nil means the image ships its own.
+	NodeAgent *NodeAgent
+}
+
+// NodeAgent is a release's bcd binary for this machine: fetched through the
+// image's proxy and checked against SHA256 before anything is written.
+type NodeAgent struct {
+	Version, URL, SHA256 string
+	Size                 int64
 }
 
 // Image says where the image is and what its served bytes must be.
@@ -98,6 +108,9 @@ func (r *Request) Validate() error {
 		Target: protocol.DeployTarget(r.Target),
 		After:  protocol.DeployAfter(r.After),
 		Proxy:  r.Proxy, RootPartition: r.RootPartition, ESPPartition: r.ESPPartition,
+	}
+	if r.NodeAgent != nil {
+		p.NodeAgent = (*protocol.DeployNodeAgent)(r.NodeAgent)
 	}
 	for _, f := range r.Files {
 		p.Files = append(p.Files, protocol.DeployFile{FS: f.FS, Path: f.Path, Mode: protocol.FileMode(f.Mode),

@@ -36,6 +36,8 @@ type target struct {
 	// zeroed: the image's whole range reads as zeros before the write, so zero
 	// blocks need not be written.
 	zeroed bool
+	// wiped names the old signatures removed when the disk was opened.
+	wiped []string
 }
 
 func (t *target) close() {

@@ -202,6 +202,8 @@ type DeployImageResult struct {
 	Cmdline       string       `json:"cmdline,omitempty"`
 	After         string       `json:"after"`
 	Warnings      []string     `json:"warnings,omitempty"`
+	// Wiped names the old signatures removed from the disk before the write.
+	Wiped []string `json:"wiped,omitempty"`
 }
 
 // UnmarshalJSON reads a result in today's names or, where those are absent, in the

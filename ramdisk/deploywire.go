@@ -17,6 +17,9 @@ func deployRequest(p protocol.DeployImageParams) deploy.Request {
 		After:  deploy.After(p.After),
 		Proxy:  p.Proxy, RootPartition: p.RootPartition, ESPPartition: p.ESPPartition,
 	}
+	if p.NodeAgent != nil {
+		r.NodeAgent = (*deploy.NodeAgent)(p.NodeAgent)
+	}
 	for _, f := range p.Files {
 		r.Files = append(r.Files, deploy.File{FS: f.FS, Path: f.Path, Mode: uint32(f.Mode), UID: f.UID, GID: f.GID,
 			Content: deploy.Content(f.Content)})
@@ -35,6 +38,7 @@ func deployResult(r deploy.Result) protocol.DeployImageResult {
 		Target:    protocol.DeployTarget{Path: r.Target.Path, Serial: r.Target.Serial},
 		ImageSize: r.ImageSize, Size: r.Size, SHA256: r.SHA256, DurationMS: r.Duration.Milliseconds(), Files: r.Files,
 		Kernel: r.Kernel, Initrd: r.Initrd, Cmdline: r.Cmdline, After: r.After, Warnings: r.Warnings,
+		Wiped: r.Wiped,
 	}
 	if r.RootFound {
 		w.RootPartition, w.RootPartUUID = r.Root.Number, r.PartUUID

@@ -8,12 +8,12 @@ set -eu
 # OVMF, swtpm, ipmi_sim, ipmitool, dnsmasq for the site's own DHCP; syslinux and the
 # systemd EFI stub make the test disks that both firmwares boot); the ramdisk and
 # deploy (kmod, cpio, xz, zstd, e2fsprogs, mtools, dosfstools, gdisk, nvme-cli, hdparm,
-# kexec-tools); debootstrap for the Debian test OS flavour (make e2e-debian). BCD_DEPS
+# kexec-tools; lvm2 makes the stale volume group the deploy must remove); debootstrap for the Debian test OS flavour (make e2e-debian). BCD_DEPS
 # adds more (bench/ adds nginx and dnsmasq's TFTP).
 packages="ca-certificates openssl curl iproute2 shellcheck dash busybox-static systemd tftp-hpa
 qemu-system-x86 qemu-utils ipxe-qemu ipxe ovmf swtpm swtpm-tools openipmi ipmitool dnsmasq-base
 kmod cpio xz-utils zstd e2fsprogs mtools dosfstools gdisk parted nvme-cli hdparm kexec-tools socat
-syslinux syslinux-common systemd-boot-efi binutils udev debootstrap
+syslinux syslinux-common systemd-boot-efi binutils udev debootstrap lvm2 fdisk
 ${BCD_DEPS:-}"
 
 missing=""

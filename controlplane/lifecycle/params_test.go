@@ -58,3 +58,58 @@ func TestDeploySummary(t *testing.T) {
 		t.Errorf("%q %v", msg, data)
 	}
 }
+
+// TestDeployParamsNodeAgentAndSeed: a deployment with a release carries the
+// binary for the ramdisk's architecture as node_agent, and its seed as the
+// NoCloud files; a release without that architecture is refused by name.
+func TestDeployParamsNodeAgentAndSeed(t *testing.T) {
+	b := cptest.NewBundle(t)
+	c := &Controller{Install: &machines.Install{GatewayURL: "https://gw.example.test:8444", GatewayServerName: "gw.internal.test",
+		Pins: b.Public.Pins(), EncryptionJWK: b.Public.JoinEncryptionJWK}}
+	key := "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGJ0ZXN0a2V5MDEyMzQ1Njc4OWFiY2RlZmdoaWprbG1u op@example"
+	spec := store.DeploySpec{Image: protocol.DeployImage{URL: "https://images.example.test/debian.qcow2", SHA256: strings.Repeat("ab", 32),
+		Size: 1 << 30, Format: protocol.FormatQCOW2}, After: protocol.AfterKexec, Pool: "default", BCDVersion: "1.2.3",
+		NodeAgent: []store.NodeAgentBinary{
+			{Arch: "amd64", URL: "https://cp.example.test/downloads/bcd/1.2.3/linux-amd64", SHA256: strings.Repeat("11", 32), Size: 10},
+			{Arch: "arm64", URL: "https://cp.example.test/downloads/bcd/1.2.3/linux-arm64", SHA256: strings.Repeat("22", 32), Size: 11}},
+		Seed: protocol.DeploySeed{Hostname: "node-1", SSHAuthorizedKeys: []string{key}}}
+	p, err := c.deployParams(store.Machine{ID: "m_1", Site: cptest.Site}, spec, "bcjt_secret", "n_installed", "arm64")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.NodeAgent == nil || *p.NodeAgent != (protocol.DeployNodeAgent{Version: "1.2.3", URL: "https://cp.example.test/downloads/bcd/1.2.3/linux-arm64",
+		SHA256: strings.Repeat("22", 32), Size: 11}) {
+		t.Errorf("node_agent %+v", p.NodeAgent)
+	}
+	files := map[string]string{}
+	for _, f := range p.Files {
+		files[f.Path] = string(f.Content)
+	}
+	wantMD := "instance-id: \"n_installed\"\nlocal-hostname: \"node-1\"\npublic-keys:\n  - \"" + key + "\"\n"
+	if files[protocol.NoCloudSeedDir+"/meta-data"] != wantMD || files[protocol.NoCloudSeedDir+"/user-data"] != "#cloud-config\n" {
+		t.Errorf("seed files %q", files)
+	}
+	if _, ok := files[protocol.NoCloudSeedDir+"/network-config"]; ok {
+		t.Error("network-config written though none was given")
+	}
+	spec.NodeAgent = spec.NodeAgent[:1]
+	if _, err := c.deployParams(store.Machine{ID: "m_1", Site: cptest.Site}, spec, "bcjt_secret", "n_installed", "arm64"); err == nil ||
+		!strings.Contains(err.Error(), "release 1.2.3 has no bcd for linux/arm64") {
+		t.Errorf("release without the ramdisk's arch: %v", err)
+	}
+	// Without a release: no node agent, as today.
+	spec.BCDVersion, spec.NodeAgent, spec.Seed = "", nil, protocol.DeploySeed{}
+	if p, err := c.deployParams(store.Machine{ID: "m_1", Site: cptest.Site}, spec, "bcjt_secret", "n_installed", "amd64"); err != nil || p.NodeAgent != nil || len(p.Files) != 4 {
+		t.Errorf("no release: %+v %v", p.NodeAgent, err)
+	}
+}
+
+// TestDeploySummaryWarnings: a deploy's warnings are in the deploy.done
+// event's message and data, where machines show finds them.
+func TestDeploySummaryWarnings(t *testing.T) {
+	w := "cloud-init was not found in the image: no /usr/bin/cloud-init"
+	msg, data := deploySummary(protocol.DeployImageResult{Target: protocol.DeployTarget{Path: "/dev/vda"}, ImageSize: 1 << 20, After: "kexec", Warnings: []string{w}})
+	if !strings.HasSuffix(msg, "; note: "+w) || len(data["warnings"].([]string)) != 1 {
+		t.Errorf("%q %v", msg, data)
+	}
+}

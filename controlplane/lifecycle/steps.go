@@ -366,7 +366,13 @@ func (p *plan) startDeploy(ctx context.Context, why string) error {
 	}
 	nodeID := ids.New(ids.PrefixNode, p.now)
 	j := token.NewJoin(p.now)
-	params, err := p.c.deployParams(m, d.Spec, j.Token, nodeID, d.RamdiskNode)
+	// The node agent a stock image gets is built for the ramdisk's
+	// architecture, the machine's.
+	arch := ""
+	if n, err := p.c.Store.GetNode(ctx, d.RamdiskNode); err == nil {
+		arch = n.DaemonArch
+	}
+	params, err := p.c.deployParams(m, d.Spec, j.Token, nodeID, arch)
 	if err != nil {
 		p.fail(fmt.Sprintf("building deploy.image: %v", err), OutcomeFailed)
 		return nil
@@ -423,7 +429,7 @@ func (p *plan) heldForEK(ctx context.Context) (bool, error) {
 // deployParams are an attempt's deploy.image params: the spec and the four
 // files the installed OS joins with. They hold the token: they go into the
 // command and nowhere else.
-func (c *Controller) deployParams(m store.Machine, spec store.DeploySpec, tok, nodeID, ramdisk string) (protocol.DeployImageParams, error) {
+func (c *Controller) deployParams(m store.Machine, spec store.DeploySpec, tok, nodeID, arch string) (protocol.DeployImageParams, error) {
 	if c.Install == nil {
 		return protocol.DeployImageParams{}, errors.New("the control plane has no install configuration")
 	}
@@ -439,10 +445,6 @@ func (c *Controller) deployParams(m store.Machine, spec store.DeploySpec, tok, n
 	}
 	p := spec.Params(append(files, seed...))
 	if spec.BCDVersion != "" {
-		arch := ""
-		if n, err := c.Store.GetNode(context.Background(), ramdisk); err == nil {
-			arch = n.DaemonArch
-		}
 		if arch == "" {
 			arch = "amd64" // a ramdisk that reported none is an amd64 build
 		}
@@ -673,6 +675,14 @@ func deploySummary(r protocol.DeployImageResult) (string, map[string]any) {
 	}
 	if r.After != "" {
 		msg += "; after: " + r.After
+	}
+	// What went wrong without failing the deploy ("cloud-init was not found
+	// in the image: …") is on the timeline machines show prints.
+	for _, w := range r.Warnings {
+		msg += "; note: " + w
+	}
+	if len(r.Warnings) > 0 {
+		data["warnings"] = r.Warnings
 	}
 	return msg, data
 }

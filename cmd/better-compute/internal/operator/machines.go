@@ -1,6 +1,7 @@
 package operator
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -11,9 +12,11 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/better-compute/bcd/controlplane/apitype"
+	"github.com/better-compute/bcd/controlplane/client"
 	"github.com/better-compute/bcd/internal/cli"
 	"github.com/better-compute/bcd/internal/human"
 	"github.com/better-compute/bcd/internal/secretfile"
+	"github.com/better-compute/bcd/protocol"
 )
 
 // envBMCPassword is where machines add and set-bmc read a BMC password
@@ -298,6 +301,9 @@ func newMachinesShowCmd(af *apiFlags) *cobra.Command {
 			} {
 				fmt.Fprintf(tw, "%s:\t%s\n", kv[0], kv[1])
 			}
+			for _, n := range deployNotes(cmd.Context(), c, m) {
+				fmt.Fprintf(tw, "NOTE:\t%s\n", n)
+			}
 			if err := tw.Flush(); err != nil {
 				return err
 			}
@@ -531,4 +537,31 @@ password it has. --clear removes the BMC.`,
 	bmc.add(cmd)
 	cmd.Flags().BoolVar(&clear, "clear", false, "remove the BMC")
 	return cmd
+}
+
+// deployNotes are what the current deployment's deploy.image reported
+// without failing ("cloud-init was not found in the image: …"): the
+// warnings of the last deploy.done event since the deployment started.
+func deployNotes(ctx context.Context, c *client.Client, m apitype.MachineInfo) []string {
+	d := m.CurrentDeployment
+	if d == nil {
+		return nil
+	}
+	evs, err := c.MachineEvents(ctx, m.ID, 500)
+	if err != nil {
+		return []string{"deploy notes unavailable: " + err.Error()}
+	}
+	var notes []string
+	for _, e := range evs.Events {
+		if e.Kind != protocol.MachineEventDeployDone || e.Time.Before(d.CreatedAt) {
+			continue
+		}
+		var data struct {
+			Warnings []string `json:"warnings"`
+		}
+		if json.Unmarshal(e.Data, &data) == nil {
+			notes = data.Warnings
+		}
+	}
+	return notes
 }
