@@ -23,7 +23,13 @@ const debianStockCmdline = "root=LABEL=root ro console=ttyS0,115200 panic=30"
 // writes it and runs it (runcmd) as a transient unit, which waits for bcd.service
 // and prints the hostname, the default user's authorized_keys and bcd's state on
 // the console. Nothing of it is in the image.
+//
+// Its bootcmd is what an operator whose machines reach out only through a proxy
+// adds: HTTPS_PROXY for bcd's units (the site's proxy is the lab machines' only
+// way out), written before network-online.target, when bcd-join.service starts.
 const debianStockReport = `#cloud-config
+bootcmd:
+  - [sh, -c, "for u in bcd-join bcd; do mkdir -p /etc/systemd/system/$u.service.d; printf '[Service]\\nEnvironment=HTTPS_PROXY=` + ProxyURL + ` https_proxy=` + ProxyURL + `\\n' >/etc/systemd/system/$u.service.d/50-proxy.conf; done; systemctl daemon-reload"]
 write_files:
   - path: /usr/local/sbin/lab-report
     permissions: '0755'
