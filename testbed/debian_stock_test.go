@@ -148,7 +148,6 @@ func TestDebianStockImage(t *testing.T) {
 		fail(fmt.Errorf("releases add: %q", out))
 	}
 
-	serialAt := map[string]int{}
 	for _, m := range machines {
 		if _, err := f.BC("machines", "deploy", m.Name, "--image", "debian-stock", "--bcd-version", debianRelease,
 			"--hostname", hostnames[m.Name], "--ssh-authorized-keys", keyFile+".pub", "--user-data", userData); err != nil {
@@ -189,15 +188,12 @@ func TestDebianStockImage(t *testing.T) {
 		if err := checkStockConsole(serial, hostnames[m.Name], pubKey); err != nil {
 			fail(fmt.Errorf("machine %s: %w", m.Name, err))
 		}
-		serialAt[m.Name] = len(serial)
 	}
 
 	// --- A redeploy with a different image: the lab's Debian flavour (raw.zst,
 	// bcd in it already) over the stock image on the SeaBIOS machine.
 	m := machines[0]
-	if raw, err := os.ReadFile(m.BMC.Serial()); err == nil {
-		serialAt[m.Name] = len(raw)
-	}
+	mark := markSerial(m.BMC)
 	again := time.Now()
 	if _, err := f.DeployImage(m); err != nil {
 		fail(err)
@@ -219,7 +215,7 @@ func TestDebianStockImage(t *testing.T) {
 	}); err != nil {
 		fail(fmt.Errorf("machine %s: redeployed and provisioned, but no new ready node: %+v (first node %s)", m.Name, node, nodes[m.Name]))
 	}
-	serial, err := waitSerialFrom(ctx, m.BMC, serialAt[m.Name], regexp.MustCompile(`bcd-lab: systemctl is-active bcd: \S+`), 5*time.Minute)
+	serial, err := waitSerialAfter(ctx, m.BMC, mark, regexp.MustCompile(`bcd-lab: systemctl is-active bcd: \S+`), 5*time.Minute)
 	if err != nil {
 		fail(fmt.Errorf("machine %s: after the redeploy: %w", m.Name, err))
 	}
@@ -249,10 +245,36 @@ func checkStockConsole(serial, hostname, pubKey string) error {
 
 // waitSerialFrom waits for re in the machine's serial console after its first
 // from bytes, and returns that part of the console up to the match's end.
+// A power cycle starts a new serial file (the old one becomes serial.prev.log):
+// when the file is no longer the one mark saw, it is read from its start.
 func waitSerialFrom(ctx context.Context, b *VBMC, from int, re *regexp.Regexp, timeout time.Duration) (string, error) {
+	return waitSerialAfter(ctx, b, serialMark{size: from}, re, timeout)
+}
+
+// serialMark is a place in a machine's serial console: the file then, and its length.
+type serialMark struct {
+	fi   os.FileInfo
+	size int
+}
+
+// markSerial is where the machine's serial console ends now.
+func markSerial(b *VBMC) serialMark {
+	fi, err := os.Stat(b.Serial())
+	if err != nil {
+		return serialMark{}
+	}
+	return serialMark{fi: fi, size: int(fi.Size())}
+}
+
+// waitSerialAfter is waitSerialFrom after mark.
+func waitSerialAfter(ctx context.Context, b *VBMC, mark serialMark, re *regexp.Regexp, timeout time.Duration) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	for {
+		from := mark.size
+		if fi, err := os.Stat(b.Serial()); err == nil && mark.fi != nil && !os.SameFile(fi, mark.fi) {
+			from = 0
+		}
 		if raw, err := os.ReadFile(b.Serial()); err == nil && len(raw) > from {
 			if loc := re.FindIndex(raw[from:]); loc != nil {
 				return string(raw[from : from+loc[1]]), nil
