@@ -51,9 +51,10 @@ test: deps lint
 # reboots it, updates it by a rollout and refuses a copy of bcd run from elsewhere.
 # About 10 minutes on 2 cores under TCG, plus 11–13 for TestDebianSelfUpdate and
 # about 7 for TestDebianHelper (README.md has the times).
-# The Debian root is cached in .cache/debian (rebuilt when its script changes).
+# The Debian roots are cached in .cache/debian and .cache/debian-stock (rebuilt when their scripts change).
 e2e-debian: deps
 	scripts/build-debian-image.sh >/dev/null
+	scripts/build-debian-stock-image.sh >/dev/null
 	BCD_REQUIRE_ALL=1 $(GO) test -tags e2edebian -count=1 -timeout 100m -run TestDebian -v ./testbed
 
 # The whole fleet path in the QEMU lab (testbed/cmd/bcd-lab); KEEP=1 leaves it up.

@@ -264,3 +264,21 @@ func SeedDebianRoot(img string, remove, dirs []string, files []DebianSeed) error
 	}
 	return nil
 }
+
+// PublishFile copies the file at path onto the lab's image server as name (a
+// base name) and returns its URL there, its SHA-256 and its length: what
+// images add registers.
+func (f *Fleet) PublishFile(name, path string) (url, sha string, size int64, err error) {
+	if name != filepath.Base(name) || name == "." || name == ".." {
+		return "", "", 0, fmt.Errorf("testbed: publish %q: want a base name", name)
+	}
+	dst := filepath.Join(filepath.Dir(f.imageZst), name)
+	if err := copyFile(path, dst); err != nil {
+		return "", "", 0, err
+	}
+	sha, err = fileSHA256(dst)
+	if err != nil {
+		return "", "", 0, err
+	}
+	return f.PublishURL(name), sha, fileSize(dst), nil
+}
