@@ -15,7 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/better-compute/bcd/nodeagent/installscript"
+	"github.com/better-compute/bcd/agent/units"
 	"github.com/better-compute/bcd/protocol"
 )
 
@@ -114,7 +114,7 @@ func nodeAgentFiles(binary string) ([]File, []extWrite, error) {
 	}
 	files := []File{
 		{FS: protocol.FSRoot, Path: NodeAgentBinaryPath, Mode: 0o755, Content: content},
-		{FS: protocol.FSRoot, Path: NodeAgentUnitPath, Mode: 0o644, Content: Content(installscript.BCDUnit)},
+		{FS: protocol.FSRoot, Path: NodeAgentUnitPath, Mode: 0o644, Content: Content(units.BCDUnit)},
 		{FS: protocol.FSRoot, Path: NodeAgentJoinPath, Mode: 0o644, Content: Content(JoinUnit)},
 	}
 	links := []extWrite{

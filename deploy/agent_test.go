@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/better-compute/bcd/nodeagent/installscript"
+	"github.com/better-compute/bcd/agent/units"
 	"github.com/better-compute/bcd/protocol"
 )
 
@@ -40,7 +40,7 @@ func TestDeployNodeAgent(t *testing.T) {
 		path, mode, content string
 	}{
 		{NodeAgentBinaryPath, "0755", ""},
-		{NodeAgentUnitPath, "0644", installscript.BCDUnit},
+		{NodeAgentUnitPath, "0644", units.BCDUnit},
 		{NodeAgentJoinPath, "0644", JoinUnit},
 	} {
 		if typ, mode, uid, gid := root.stat(f.path); typ != "regular" || mode != f.mode || uid != "0" || gid != "0" {
