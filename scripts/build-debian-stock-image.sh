@@ -81,14 +81,14 @@ put() { # PATH MODE: standard input becomes PATH in the root
 	chmod "$2" "$root$1"
 }
 
-# cloud-init and openssh-server, as a vendor's cloud image has them; apt's
+# cloud-init, openssh-server and efibootmgr, as a vendor's cloud image has them; apt's
 # archives go to the build cache too.
-say "apt-get install cloud-init openssh-server"
+say "apt-get install cloud-init openssh-server efibootmgr"
 cp /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
 chroot "$root" /bin/sh -eu >"$out/apt.log" 2>&1 <<EOF || { say "apt-get failed; the end of $out/apt.log:"; tail -n 30 "$out/apt.log" >&2; exit 1; }
 echo 'deb $mirror bookworm main' >/etc/apt/sources.list
 apt-get update -q
-DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends cloud-init openssh-server
+DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends cloud-init openssh-server efibootmgr
 EOF
 # The packages downloaded inside the chroot stay for the next build.
 cp -n "$root"/var/cache/apt/archives/*.deb "$cache/debs/" 2>/dev/null || true
