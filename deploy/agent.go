@@ -27,7 +27,47 @@ const (
 	NodeAgentUnitPath   = "/etc/systemd/system/bcd.service"
 	NodeAgentJoinPath   = "/etc/systemd/system/bcd-join.service"
 	unitWantsDir        = "/etc/systemd/system/multi-user.target.wants"
+	// NodeAgentBootOrderPath keeps network boot first on a UEFI machine.
+	NodeAgentBootOrderPath = "/etc/systemd/system/bcd-boot-order.service"
+	// ProxyDropIn is the drop-in, for bcd.service and bcd-join.service, that
+	// names the proxy the deploy fetched through: a machine that reached the
+	// image only through the site's proxy reaches the control plane the same
+	// way. Named 10-… so an operator's own drop-in (50-proxy.conf) overrides it.
+	ProxyDropIn = "10-bcd-proxy.conf"
 )
+
+// BootOrderUnit runs bcd boot-order keep at boot and, as its stop, at shutdown:
+// whatever put itself first in the UEFI boot order while the OS ran
+// (grub-install, an OS update, efibootmgr) is moved behind the network entry
+// the deploy put first, before the machine boots again. It does nothing on BIOS
+// or where no deploy recorded an entry.
+const BootOrderUnit = `[Unit]
+Description=better-compute: keep network boot first in the UEFI boot order
+ConditionPathExists=/sys/firmware/efi
+ConditionPathExists=/etc/bcd/efi-boot-first
+After=local-fs.target sys-firmware-efi-efivars.mount
+DefaultDependencies=no
+Before=shutdown.target
+Conflicts=shutdown.target
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/usr/local/bin/bcd boot-order keep
+ExecStop=/usr/local/bin/bcd boot-order keep
+StandardOutput=journal+console
+StandardError=journal+console
+
+[Install]
+WantedBy=multi-user.target
+`
+
+// proxyDropIn is ProxyDropIn's content for a proxy URL. Go's HTTP client (bcd)
+// reads HTTPS_PROXY; the lowercase one is for anything else the unit runs.
+func proxyDropIn(proxy string) string {
+	return "# Written by the deploy: the proxy the ramdisk fetched the image through.\n[Service]\n" +
+		"Environment=HTTPS_PROXY=" + proxy + " https_proxy=" + proxy + "\n"
+}
 
 // JoinUnit runs the provisioned join once, before bcd.service: the join
 // deletes /etc/bcd/join-token, so the unit is skipped on every later boot.
@@ -106,8 +146,9 @@ func (d *Deployer) fetchNodeAgent(ctx context.Context, p *Request, tmp string) (
 	return dst, nil
 }
 
-// nodeAgentFiles are the files and links that install the downloaded agent.
-func nodeAgentFiles(binary string) ([]File, []extWrite, error) {
+// nodeAgentFiles are the files and links that install the downloaded agent;
+// with a proxy, the units' proxy drop-ins.
+func nodeAgentFiles(binary, proxy string) ([]File, []extWrite, error) {
 	content, err := os.ReadFile(binary)
 	if err != nil {
 		return nil, nil, failf(reasonFiles, "node agent: %v", err)
@@ -120,6 +161,13 @@ func nodeAgentFiles(binary string) ([]File, []extWrite, error) {
 	links := []extWrite{
 		{dest: unitWantsDir + "/bcd.service", link: NodeAgentUnitPath},
 		{dest: unitWantsDir + "/bcd-join.service", link: NodeAgentJoinPath},
+		{dest: unitWantsDir + "/bcd-boot-order.service", link: NodeAgentBootOrderPath},
+	}
+	files = append(files, File{FS: protocol.FSRoot, Path: NodeAgentBootOrderPath, Mode: 0o644, Content: Content(BootOrderUnit)})
+	if proxy != "" {
+		for _, unit := range []string{NodeAgentUnitPath, NodeAgentJoinPath} {
+			files = append(files, File{FS: protocol.FSRoot, Path: unit + ".d/" + ProxyDropIn, Mode: 0o644, Content: Content(proxyDropIn(proxy))})
+		}
 	}
 	return files, links, nil
 }

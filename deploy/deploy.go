@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -19,7 +20,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/better-compute/bcd/internal/efiboot"
 	"github.com/better-compute/bcd/protocol"
+	"github.com/u-root/u-root/pkg/efivarfs"
 )
 
 // Deployer runs deploy.image commands. The zero value deploys onto this machine's
@@ -74,6 +77,15 @@ type Deployer struct {
 	SkipFsck bool
 	// ProgressInterval is the least time between two progress calls (default 250ms).
 	ProgressInterval time.Duration
+	// UEFI is the firmware's boot variables (internal/efiboot): on a UEFI
+	// machine a deploy leaves network boot first, then one entry for the OS it
+	// installed. nil is a BIOS machine, or one whose variables could not be
+	// opened: UEFIErr says why, and the deploy warns.
+	UEFI    efivarfs.EFIVar
+	UEFIErr error
+	// NICs are the machine's MACs: the network entry to put first is one of
+	// theirs when BootCurrent names none.
+	NICs []net.HardwareAddr
 }
 
 // Stages a deploy reports progress in.
@@ -160,6 +172,9 @@ type Result struct {
 	Wiped []string
 	// After is the action Finish takes.
 	After string
+	// BootOrder says how a UEFI machine's boot order was left (efiboot's
+	// summary); empty on BIOS or where it could not be kept (a warning says why).
+	BootOrder string
 	// Warnings are what went wrong without failing the deploy.
 	Warnings []string
 }
@@ -412,10 +427,18 @@ func (d *Deployer) Deploy(ctx context.Context, p Request, progress func(Progress
 			return res, err
 		}
 		var add []File
-		if add, links, err = nodeAgentFiles(agent); err != nil {
+		proxy := ""
+		if u := d.proxyFor(&p); u != nil {
+			proxy = u.String()
+		}
+		if add, links, err = nodeAgentFiles(agent, proxy); err != nil {
 			return res, err
 		}
 		files = append(add, files...)
+	}
+	boot := d.planBoot(ctx, inst, &p, &res)
+	if boot != nil && inst.root != nil {
+		files = append(files, File{FS: protocol.FSRoot, Path: efiboot.RecordPath, Mode: 0o644, Content: boot.RecordFile()})
 	}
 	if err := d.writeFiles(ctx, inst, files, links, tmp, &res); err != nil {
 		return res, err
@@ -432,6 +455,8 @@ func (d *Deployer) Deploy(ctx context.Context, p Request, progress func(Progress
 	if err := t.sync(); err != nil {
 		return res, &Error{Reason: reasonWrite, Err: fmt.Errorf("deploy: %w", err)}
 	}
+	// The boot order last: only a disk that is good gets an entry.
+	d.applyBoot(boot, &res)
 	res.Duration = time.Since(start)
 	rep.setStage(StageDone)
 	log.Info("deploy: done", "seconds", res.Duration.Seconds(), "after", res.After)

@@ -10,6 +10,7 @@ import (
 	"hash"
 	"io"
 	"net/http"
+	"net/url"
 	"os/exec"
 	"sync"
 	"sync/atomic"
@@ -506,19 +507,23 @@ func (d *Deployer) fetch(ctx context.Context, p *Request) (*http.Response, error
 	return resp, nil
 }
 
+// proxyFor is the proxy a deploy fetches through: the params', else the Deployer's.
+func (d *Deployer) proxyFor(p *Request) *url.URL {
+	if p.Proxy != "" {
+		if u, err := parseProxy(p.Proxy); err == nil {
+			return u
+		}
+	}
+	return d.Proxy
+}
+
 func (d *Deployer) transport(p *Request) http.RoundTripper {
 	if d.Transport != nil {
 		return d.Transport
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.Proxy = nil // only the proxy we are told of, never the environment's
-	proxy := d.Proxy
-	if p.Proxy != "" {
-		if u, err := parseProxy(p.Proxy); err == nil {
-			proxy = u
-		}
-	}
-	if proxy != nil {
+	if proxy := d.proxyFor(p); proxy != nil {
 		tr.Proxy = http.ProxyURL(proxy)
 	}
 	if d.TLSConfig != nil {

@@ -24,7 +24,7 @@ kmods=$kdir/lib/modules/$kver
 modules="virtio_pci virtio_net virtio_blk virtio_scsi virtio_rng virtio_console
 e1000 e1000e igb igbvf ixgbe ixgbevf i40e iavf ice mlx4_en mlx5_core bnxt_en tg3 r8169 bnx2x
 nvme ahci ata_piix sd_mod sr_mod mpt3sas megaraid_sas
-ext4 vfat nls_ascii nls_cp437 nls_utf8 crc32c_generic crc32c_intel
+ext4 vfat nls_ascii nls_cp437 nls_utf8 crc32c_generic crc32c_intel efivarfs
 ipmi_si ipmi_devintf ipmi_msghandler tpm_tis tpm_crb loop"
 
 # External tools (spec "The ramdisk"): nvme-cli, hdparm, util-linux, e2fsprogs'

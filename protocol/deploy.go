@@ -213,6 +213,11 @@ type DeployImageResult struct {
 	Cmdline       string   `json:"cmdline,omitempty"`
 	After         string   `json:"after"`
 	Warnings      []string `json:"warnings,omitempty"`
+	// BootOrder says how a UEFI machine's boot order was left: "BootOrder
+	// 0003,0007,0001: network Boot0003 \"UEFI PXEv4 (MAC:…)\" first, then Boot0007
+	// \"bcd: debian.qcow2\"". Empty on BIOS (and where it could not be kept:
+	// a warning says why).
+	BootOrder string `json:"boot_order,omitempty"`
 	// Wiped names the old signatures removed from the disk before the write.
 	Wiped []string `json:"wiped,omitempty"`
 }

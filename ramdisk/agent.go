@@ -172,7 +172,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.deployer = a.Deployer
 	if a.deployer == nil {
-		a.deployer = &deploy.Deployer{Proxy: a.Params.Proxy, AllowHTTP: a.AllowHTTP || a.Params.Proxy != nil,
+		uefi, uefiErr := UEFIVars()
+		a.deployer = &deploy.Deployer{UEFI: uefi, UEFIErr: uefiErr, NICs: hostMACs(), Proxy: a.Params.Proxy, AllowHTTP: a.AllowHTTP || a.Params.Proxy != nil,
 			Machine: a.machine, Log: a.log,
 			NodeAgentTrust: func(chain []*x509.Certificate, serverName string) error {
 				return agent.VerifyPinnedChain(chain, a.Params.Pins.ServingCA, serverName, time.Now())
@@ -584,3 +585,16 @@ func (a *Agent) finish() { a.doneOnce.Do(func() { close(a.done) }) }
 
 // The real deployer loads installed kernels, so machine.kexec works with it.
 var _ InstalledLoader = (*deploy.Deployer)(nil)
+
+// hostMACs are the machine's Ethernet NICs' addresses, for the deploy to find
+// their network boot entries.
+func hostMACs() []net.HardwareAddr {
+	ifs, _ := net.Interfaces()
+	var out []net.HardwareAddr
+	for _, i := range ifs {
+		if len(i.HardwareAddr) == 6 && i.Flags&net.FlagLoopback == 0 {
+			out = append(out, i.HardwareAddr)
+		}
+	}
+	return out
+}

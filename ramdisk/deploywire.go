@@ -39,7 +39,7 @@ func deployResult(r deploy.Result) protocol.DeployImageResult {
 		ChosenBy:  r.Target.ChosenBy,
 		ImageSize: r.ImageSize, Size: r.Size, SHA256: r.SHA256, DurationMS: r.Duration.Milliseconds(), Files: r.Files,
 		Kernel: r.Kernel, Initrd: r.Initrd, Cmdline: r.Cmdline, After: r.After, Warnings: r.Warnings,
-		Wiped: r.Wiped,
+		Wiped: r.Wiped, BootOrder: r.BootOrder,
 	}
 	if r.RootFound {
 		w.RootPartition, w.RootPartUUID = r.Root.Number, r.PartUUID

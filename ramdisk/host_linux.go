@@ -1,6 +1,9 @@
 package ramdisk
 
 import (
+	"github.com/better-compute/bcd/internal/efiboot"
+	"github.com/u-root/u-root/pkg/efivarfs"
+
 	"bufio"
 	"context"
 	"errors"
@@ -120,7 +123,12 @@ func (m *HostSystem) Prepare(ctx context.Context, log *slog.Logger) error {
 	extra := m.ExtraModules
 	if extra == nil {
 		extra = []string{"ext4", "vfat"}
+		if isUEFI() {
+			// Debian builds efivarfs as a module: a deploy writes the boot order through it.
+			extra = append(extra, "efivarfs")
+		}
 	}
+	defer mountEFIVars(log)
 	start := time.Now()
 	p := &kmod.Prober{Index: ix, Extra: extra, Log: log}
 	rep, err := p.Run(ctx)
@@ -144,4 +152,33 @@ func (m *HostSystem) Network(ctx context.Context, lg *slog.Logger) error {
 		}
 	}
 	return err
+}
+
+// isUEFI reports whether the machine booted through UEFI firmware.
+func isUEFI() bool {
+	_, err := os.Stat("/sys/firmware/efi")
+	return err == nil
+}
+
+// mountEFIVars mounts efivarfs on a UEFI machine, once its module is loaded.
+func mountEFIVars(log *slog.Logger) {
+	if !isUEFI() {
+		return
+	}
+	if _, err := efiboot.Open("", false); err == nil {
+		return
+	}
+	if err := unix.Mount("efivarfs", efivarfs.DefaultVarFS, "efivarfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		log.Warn("could not mount efivarfs: a deploy cannot keep the UEFI boot order", "error", err.Error())
+		return
+	}
+	log.Info("mounted", "fstype", "efivarfs", "target", efivarfs.DefaultVarFS)
+}
+
+// UEFIVars opens the firmware's boot variables for a deploy: nil, nil on BIOS.
+func UEFIVars() (efivarfs.EFIVar, error) {
+	if !isUEFI() {
+		return nil, nil
+	}
+	return efiboot.Open("", false)
 }

@@ -4,6 +4,7 @@ package testbed
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -22,14 +23,15 @@ const debianStockCmdline = "root=LABEL=root ro console=ttyS0,115200 panic=30"
 // debianStockReport is the lab's evidence in the operator's user data: cloud-init
 // writes it and runs it (runcmd) as a transient unit, which waits for bcd.service
 // and prints the hostname, the default user's authorized_keys and bcd's state on
-// the console. Nothing of it is in the image.
+// the console. Nothing of it is in the image. The proxy bcd's units need (the
+// site's proxy is the lab machines' only way out) is the deploy's drop-in.
 //
-// Its bootcmd is what an operator whose machines reach out only through a proxy
-// adds: HTTPS_PROXY for bcd's units (the site's proxy is the lab machines' only
-// way out), written before network-online.target, when bcd-join.service starts.
+// On UEFI it also prints the firmware's boot entries (efibootmgr) at every boot,
+// and on the first deploy does to them what grub-install does (efibootmgr -c: a
+// new entry for the disk, first in BootOrder) and reboots: the node's
+// bcd-boot-order.service must put the network entry first again, so the
+// machine's next boot reaches the site agent.
 const debianStockReport = `#cloud-config
-bootcmd:
-  - [sh, -c, "for u in bcd-join bcd; do mkdir -p /etc/systemd/system/$u.service.d; printf '[Service]\\nEnvironment=HTTPS_PROXY=` + ProxyURL + ` https_proxy=` + ProxyURL + `\\n' >/etc/systemd/system/$u.service.d/50-proxy.conf; done; systemctl daemon-reload"]
 write_files:
   - path: /usr/local/sbin/lab-report
     permissions: '0755'
@@ -44,6 +46,22 @@ write_files:
         done
         echo "bcd-lab: bcd on disk: $(ls /usr/local/bin/bcd 2>&1)"
         echo "bcd-lab: systemctl is-active bcd: $(systemctl is-active bcd.service)"
+      } >/dev/console 2>&1
+      if [ -d /sys/firmware/efi ] && ! efibootmgr | grep -q grub-install; then
+        {
+          efibootmgr -c -d /dev/vda -p 1 -L grub-install -l '\EFI\BOOT\BOOTX64.EFI' | sed 's/^/bcd-lab: grub-install: /'
+          echo "bcd-lab: grub-install done"
+        } >/dev/console 2>&1
+        systemctl reboot
+      fi
+  - path: /var/lib/cloud/scripts/per-boot/lab-efi
+    permissions: '0755'
+    content: |
+      #!/bin/sh
+      [ -d /sys/firmware/efi ] || exit 0
+      {
+        efibootmgr | sed 's/^/bcd-lab: efi: /'
+        echo "bcd-lab: efi report end"
       } >/dev/console 2>&1
 runcmd:
   - [systemd-run, --no-block, --unit=lab-report, /usr/local/sbin/lab-report]
@@ -109,7 +127,9 @@ func TestDebianStockImage(t *testing.T) {
 	}
 	machines := []*FleetMachine{
 		{Name: "stock-bios", Firmware: BIOS, MAC: "52:54:00:31:18:01", DiskMiB: diskMiB},
-		{Name: "stock-uefi", Firmware: UEFI, MAC: "52:54:00:31:18:02", DiskMiB: diskMiB},
+		// No bootindex: OVMF's variables decide what boots, and the BMC's boot
+		// device changes nothing (a machine that can only be power cycled).
+		{Name: "stock-uefi", Firmware: UEFI, MAC: "52:54:00:31:18:02", DiskMiB: diskMiB, NVRAMBootOrder: true},
 	}
 	hostnames := map[string]string{"stock-bios": "web-bios-1", "stock-uefi": "web-uefi-1"}
 	f := &Fleet{Dir: filepath.Join(dir, "lab"), Bin: lab.bin, Kernel: lab.kernel, Ramdisk: lab.ramdisk, Image: lab.image, Log: testLog{t},
@@ -179,6 +199,7 @@ func TestDebianStockImage(t *testing.T) {
 		nodes[m.Name] = node.ID
 		t.Logf("machine %s (%s): node %s ready (bcd %s) %s after the deploy", m.Name, m.Firmware, node.ID, node.DaemonVersion, time.Since(began).Round(time.Second))
 	}
+	var serial string
 	for _, m := range machines {
 		serial, err := waitSerialFrom(ctx, m.BMC, 0, regexp.MustCompile(`bcd-lab: systemctl is-active bcd: \S+`), 5*time.Minute)
 		if err != nil {
@@ -190,14 +211,82 @@ func TestDebianStockImage(t *testing.T) {
 		}
 	}
 
-	// --- A redeploy with a different image: the lab's Debian flavour (raw.zst,
-	// bcd in it already) over the stock image on the SeaBIOS machine.
+	// --- The UEFI boot order: the deploy left the network entry first and one
+	// bcd entry; the user data's grub-install put a new entry first and
+	// rebooted; bcd-boot-order.service put the network entry back, so the
+	// reboot went through iPXE (the site agent's local script) to the disk.
+	uefi := machines[1]
+	serial, err = waitSerialFrom(ctx, uefi.BMC, 0, regexp.MustCompile(`bcd-lab: grub-install done`), 5*time.Minute)
+	if err != nil {
+		fail(fmt.Errorf("machine %s: the user data's grub-install: %w", uefi.Name, err))
+	}
+	deployed, err := checkEFIReport(serial, uefi.MAC, "")
+	if err != nil {
+		fail(fmt.Errorf("machine %s: after the deploy: %w\n%s", uefi.Name, err, efiLines(serial)))
+	}
+	t.Logf("machine %s: after the deploy: %s", uefi.Name, deployed)
+	if out, err := f.BC("machines", "show", uefi.Name); err != nil || !strings.Contains(out, "UEFI BOOT:") {
+		fail(fmt.Errorf("machine %s: machines show has no UEFI BOOT line (%v):\n%s", uefi.Name, err, out))
+	} else {
+		t.Logf("machine %s: machines show: %s", uefi.Name, lineWith(out, "UEFI BOOT:"))
+	}
+	rebootFrom := len(serial)
+	serial, err = waitSerialFrom(ctx, uefi.BMC, rebootFrom, regexp.MustCompile(`(?s)iPXE.*bcd-lab: efi report end`), 10*time.Minute)
+	if err != nil {
+		fail(fmt.Errorf("machine %s: after grub-install and a reboot, no boot through iPXE back into the OS: %w", uefi.Name, err))
+	}
+	kept, err := checkEFIReport(serial, uefi.MAC, "grub-install")
+	if err != nil {
+		fail(fmt.Errorf("machine %s: after grub-install and a reboot: %w\n%s", uefi.Name, err, efiLines(serial)))
+	}
+	t.Logf("machine %s: after grub-install and a reboot, through the site agent: %s", uefi.Name, kept)
+
+	// --- Redeploys: the SeaBIOS machine with a different image (the lab's
+	// Debian flavour, raw.zst, bcd in it already), and meanwhile the UEFI one
+	// twice with the stock image, by power cycles only: its NVRAM must boot
+	// the network first each time, and keep one bcd entry.
 	m := machines[0]
 	mark := markSerial(m.BMC)
 	again := time.Now()
 	if _, err := f.DeployImage(m); err != nil {
 		fail(err)
 	}
+	uefiDone := make(chan error, 1)
+	go func() {
+		for i := 1; i <= 2; i++ {
+			umark := markSerial(uefi.BMC)
+			before, _ := f.MachineNode(uefi)
+			if _, err := f.BC("machines", "deploy", uefi.Name, "--image", "debian-stock", "--bcd-version", debianRelease,
+				"--hostname", hostnames[uefi.Name], "--ssh-authorized-keys", keyFile+".pub", "--user-data", userData); err != nil {
+				uefiDone <- err
+				return
+			}
+			if err := waitFor(ctx, 30*time.Minute, func() bool {
+				node, ok := f.MachineNode(uefi)
+				st, _, _ := f.MachineState(uefi)
+				return st == "provisioned" && ok && node.ID != before.ID && node.State == "ready" && node.Connected
+			}); err != nil {
+				uefiDone <- fmt.Errorf("redeploy %d: no new ready node: %w", i, err)
+				return
+			}
+			serial, err := waitSerialAfter(ctx, uefi.BMC, umark, regexp.MustCompile(`bcd-lab: efi report end`), 5*time.Minute)
+			if err != nil {
+				uefiDone <- fmt.Errorf("redeploy %d: %w", i, err)
+				return
+			}
+			got, err := checkEFIReport(serial, uefi.MAC, "")
+			if err != nil {
+				uefiDone <- fmt.Errorf("redeploy %d: %w\n%s", i, err, efiLines(serial))
+				return
+			}
+			if got.bcdEntry != deployed.bcdEntry {
+				uefiDone <- fmt.Errorf("redeploy %d: the bcd entry is %s, was %s", i, got.bcdEntry, deployed.bcdEntry)
+				return
+			}
+			t.Logf("machine %s: redeploy %d (power cycles only): %s", uefi.Name, i, got)
+		}
+		uefiDone <- nil
+	}()
 	if err := waitFor(ctx, 2*time.Minute, func() bool {
 		st, _, _ := f.MachineState(m)
 		return st != "provisioned"
@@ -215,7 +304,7 @@ func TestDebianStockImage(t *testing.T) {
 	}); err != nil {
 		fail(fmt.Errorf("machine %s: redeployed and provisioned, but no new ready node: %+v (first node %s)", m.Name, node, nodes[m.Name]))
 	}
-	serial, err := waitSerialAfter(ctx, m.BMC, mark, regexp.MustCompile(`bcd-lab: systemctl is-active bcd: \S+`), 5*time.Minute)
+	serial, err = waitSerialAfter(ctx, m.BMC, mark, regexp.MustCompile(`bcd-lab: systemctl is-active bcd: \S+`), 5*time.Minute)
 	if err != nil {
 		fail(fmt.Errorf("machine %s: after the redeploy: %w", m.Name, err))
 	}
@@ -223,7 +312,94 @@ func TestDebianStockImage(t *testing.T) {
 		fail(fmt.Errorf("machine %s: after the redeploy, bcd.service is not active:\n%s", m.Name, serial))
 	}
 	t.Logf("machine %s: redeployed with the Debian flavour: node %s ready %s after the redeploy", m.Name, node.ID, time.Since(again).Round(time.Second))
+	if err := <-uefiDone; err != nil {
+		fail(fmt.Errorf("machine %s: %w", uefi.Name, err))
+	}
+	t.Logf("machine %s: redeployed twice %s after the first redeploy started", uefi.Name, time.Since(again).Round(time.Second))
 	t.Logf("TestDebianStockImage: %s in all", time.Since(lab.began).Round(time.Second))
+}
+
+// efiReport is what the user data's efibootmgr report says about the boot order.
+type efiReport struct {
+	order, first, bcdEntry string
+}
+
+func (r efiReport) String() string {
+	return fmt.Sprintf("BootOrder %s, first %s, bcd entry Boot%s", r.order, r.first, r.bcdEntry)
+}
+
+var (
+	efiOrderLine = regexp.MustCompile(`bcd-lab: efi: BootOrder: ([0-9A-F,]+)`)
+	efiEntryLine = regexp.MustCompile(`bcd-lab: efi: Boot([0-9A-F]{4})\*? (.*)`)
+)
+
+// checkEFIReport checks the last efibootmgr report in serial: BootOrder starts
+// with the network entry of mac (OVMF names them "… (MAC:525400311802)"),
+// exactly one entry is bcd's, and, when second is given, the entry with that
+// description comes right after the network one (what grub-install put first
+// is second now, the rest as it was).
+func checkEFIReport(serial, mac, second string) (efiReport, error) {
+	serial = stripKernelMessages(serial)
+	end := strings.LastIndex(serial, "bcd-lab: efi report end")
+	if end < 0 {
+		return efiReport{}, errors.New("no efibootmgr report on the console")
+	}
+	start := strings.LastIndex(serial[:end], "bcd-lab: efi: BootCurrent")
+	if start < 0 {
+		start = strings.LastIndex(serial[:end], "bcd-lab: efi: BootOrder")
+	}
+	if start < 0 {
+		return efiReport{}, errors.New("the efibootmgr report has no BootOrder")
+	}
+	block := serial[start:end]
+	m := efiOrderLine.FindStringSubmatch(block)
+	if m == nil {
+		return efiReport{}, errors.New("the efibootmgr report has no BootOrder")
+	}
+	r := efiReport{order: m[1]}
+	desc := map[string]string{}
+	var bcd []string
+	for _, e := range efiEntryLine.FindAllStringSubmatch(block, -1) {
+		d := strings.TrimRight(e[2], "\r")
+		desc[e[1]] = d
+		if strings.HasPrefix(d, "bcd: ") {
+			bcd = append(bcd, e[1])
+		}
+	}
+	order := strings.Split(r.order, ",")
+	r.first = order[0] + " " + desc[order[0]]
+	want := "MAC:" + strings.ToUpper(strings.ReplaceAll(mac, ":", ""))
+	if !strings.Contains(desc[order[0]], want) {
+		return r, fmt.Errorf("BootOrder %s starts with Boot%s %q, not the network entry of %s", r.order, order[0], desc[order[0]], mac)
+	}
+	if len(bcd) != 1 {
+		return r, fmt.Errorf("%d bcd entries (%v), want one", len(bcd), bcd)
+	}
+	r.bcdEntry = bcd[0]
+	if second != "" && (len(order) < 2 || desc[order[1]] != second) {
+		return r, fmt.Errorf("BootOrder %s: %q is not second", r.order, second)
+	}
+	return r, nil
+}
+
+// efiLines are the console's efibootmgr lines, for a failure's message.
+func efiLines(serial string) string {
+	var out []string
+	for _, l := range strings.Split(serial, "\n") {
+		if strings.Contains(l, "bcd-lab: efi") || strings.Contains(l, "bcd-lab: grub-install") || strings.Contains(l, "BdsDxe") {
+			out = append(out, strings.TrimRight(l, "\r"))
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+func lineWith(out, prefix string) string {
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, prefix) {
+			return l
+		}
+	}
+	return ""
 }
 
 // checkStockConsole checks the user data's report: the hostname the deploy

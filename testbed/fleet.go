@@ -50,8 +50,10 @@ type FleetMachine struct {
 	MAC      string
 	TPM      bool
 	DiskMiB  int // default 1024
-	IP       string
-	BMC      *VBMC
+	// NVRAMBootOrder: the firmware's variables decide what boots (VMConfig.NVRAMBootOrder).
+	NVRAMBootOrder bool
+	IP             string
+	BMC            *VBMC
 }
 
 // Fleet is the whole lab: namespaces, control plane, site agent, site DHCP, image
@@ -434,7 +436,7 @@ func (f *Fleet) addMachine(i int, m *FleetMachine) error {
 		return err
 	}
 	m.BMC = &VBMC{Name: m.Name, Dir: filepath.Join(f.Dir, "bmc", m.Name), Port: 6231 + i, Netns: f.site, TPM: m.TPM,
-		VM: &VMConfig{Name: m.Name, Firmware: m.Firmware, MemoryMB: 1024, Tap: tap, MAC: m.MAC, Disk: disk}}
+		VM: &VMConfig{Name: m.Name, Firmware: m.Firmware, MemoryMB: 1024, Tap: tap, MAC: m.MAC, Disk: disk, NVRAMBootOrder: m.NVRAMBootOrder}}
 	if err := m.BMC.Start(); err != nil {
 		return err
 	}

@@ -42,6 +42,11 @@ type VMConfig struct {
 	Disk string
 	// PXEFirst boots from the NIC before the disk.
 	PXEFirst bool
+	// NVRAMBootOrder gives neither device a bootindex, so OVMF keeps the
+	// BootOrder in its variables (with a bootindex it re-sorts BootOrder at every
+	// boot) and PXEFirst changes nothing: a machine whose BMC cannot set the boot
+	// device, whose firmware boots what its NVRAM says.
+	NVRAMBootOrder bool
 	// NoNICROM leaves the NIC without QEMU's iPXE option ROM, so the firmware's own
 	// PXE client boots (OVMF's EDK2 PXE, which fetches iPXE over TFTP).
 	NoNICROM bool
@@ -126,14 +131,18 @@ func (c VMConfig) Args() ([]string, error) {
 		if c.NoNICROM {
 			rom = ",romfile="
 		}
+		index := fmt.Sprintf(",bootindex=%d", nicIndex)
+		if c.NVRAMBootOrder {
+			index = ""
+		}
 		a = append(a, "-netdev", "tap,id=n0,ifname="+c.Tap+",script=no,downscript=no",
-			"-device", fmt.Sprintf("virtio-net-pci,netdev=n0,mac=%s,bootindex=%d%s", c.MAC, nicIndex, rom))
+			"-device", fmt.Sprintf("virtio-net-pci,netdev=n0,mac=%s%s%s", c.MAC, index, rom))
 	} else {
 		a = append(a, "-nic", "none")
 	}
 	if c.Disk != "" {
 		a = append(a, "-drive", "file="+c.Disk+",if=none,id=d0,format=raw,cache=unsafe",
-			"-device", fmt.Sprintf("virtio-blk-pci,drive=d0,bootindex=%d", diskIndex))
+			"-device", "virtio-blk-pci,drive=d0"+map[bool]string{false: fmt.Sprintf(",bootindex=%d", diskIndex)}[c.NVRAMBootOrder])
 	}
 	if c.Kernel != "" {
 		a = append(a, "-kernel", c.Kernel)

@@ -25,6 +25,6 @@ func newRoot() *cobra.Command {
 		Short: "bcd: the better-compute agent for nodes, sites and the PXE ramdisk",
 		Args:  cli.NoArgs,
 	}
-	root.AddCommand(newVersionCmd(), newConfigCmd(), newJoinCmd(), newNodeCmd(), newSiteCmd(), newRamdiskCmd(), newDoctorCmd(), newUpdateCmd(), newPluginExecCmd(), newHelperCmd(), newSimCmd())
+	root.AddCommand(newVersionCmd(), newConfigCmd(), newJoinCmd(), newNodeCmd(), newSiteCmd(), newRamdiskCmd(), newDoctorCmd(), newUpdateCmd(), newPluginExecCmd(), newHelperCmd(), newSimCmd(), newBootOrderCmd())
 	return root
 }

@@ -682,6 +682,10 @@ func deploySummary(r protocol.DeployImageResult) (string, map[string]any) {
 		msg += "; wiped: " + strings.Join(r.Wiped, ", ")
 		data["wiped"] = r.Wiped
 	}
+	if r.BootOrder != "" {
+		msg += "; UEFI " + r.BootOrder
+		data["boot_order"] = r.BootOrder
+	}
 	if r.After != "" {
 		msg += "; after: " + r.After
 	}

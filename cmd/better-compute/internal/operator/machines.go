@@ -307,9 +307,12 @@ func newMachinesShowCmd(af *apiFlags) *cobra.Command {
 			} {
 				fmt.Fprintf(tw, "%s:\t%s\n", kv[0], kv[1])
 			}
-			disk, notes := lastDeployReport(cmd.Context(), c, m)
+			disk, bootOrder, notes := lastDeployReport(cmd.Context(), c, m)
 			if disk != "" {
 				fmt.Fprintf(tw, "DISK:\t%s\n", disk)
+			}
+			if bootOrder != "" {
+				fmt.Fprintf(tw, "UEFI BOOT:\t%s\n", bootOrder)
 			}
 			for _, n := range notes {
 				fmt.Fprintf(tw, "NOTE:\t%s\n", n)
@@ -553,15 +556,16 @@ password it has. --clear removes the BMC.`,
 // from the last deploy.done event since the deployment started: the disk it
 // wrote and why that one ("/dev/vdb, chosen by hints serial=S2; wiped: lvm2 on
 // old partition 2"), and its notes, what went wrong without failing the deploy
-// ("cloud-init was not found in the image: …").
-func lastDeployReport(ctx context.Context, c *client.Client, m apitype.MachineInfo) (disk string, notes []string) {
+// ("cloud-init was not found in the image: …"), and on UEFI how it left the
+// boot order.
+func lastDeployReport(ctx context.Context, c *client.Client, m apitype.MachineInfo) (disk, bootOrder string, notes []string) {
 	d := m.CurrentDeployment
 	if d == nil {
-		return "", nil
+		return "", "", nil
 	}
 	evs, err := c.MachineEvents(ctx, m.ID, 500)
 	if err != nil {
-		return "", []string{"deploy report unavailable: " + err.Error()}
+		return "", "", []string{"deploy report unavailable: " + err.Error()}
 	}
 	for _, e := range evs.Events {
 		if e.Kind != protocol.MachineEventDeployDone || e.Time.Before(d.CreatedAt) {
@@ -570,13 +574,14 @@ func lastDeployReport(ctx context.Context, c *client.Client, m apitype.MachineIn
 		var data struct {
 			Disk     string   `json:"disk"`
 			ChosenBy string   `json:"chosen_by"`
-			Wiped    []string `json:"wiped"`
-			Warnings []string `json:"warnings"`
+			Wiped     []string `json:"wiped"`
+			Warnings  []string `json:"warnings"`
+			BootOrder string   `json:"boot_order"`
 		}
 		if json.Unmarshal(e.Data, &data) != nil {
 			continue
 		}
-		disk, notes = data.Disk, data.Warnings
+		disk, bootOrder, notes = data.Disk, data.BootOrder, data.Warnings
 		if data.ChosenBy != "" {
 			disk += ", chosen by " + data.ChosenBy
 		}
@@ -584,5 +589,5 @@ func lastDeployReport(ctx context.Context, c *client.Client, m apitype.MachineIn
 			disk += "; wiped: " + strings.Join(data.Wiped, ", ")
 		}
 	}
-	return disk, notes
+	return disk, bootOrder, notes
 }
