@@ -572,8 +572,8 @@ func lastDeployReport(ctx context.Context, c *client.Client, m apitype.MachineIn
 			continue
 		}
 		var data struct {
-			Disk     string   `json:"disk"`
-			ChosenBy string   `json:"chosen_by"`
+			Disk      string   `json:"disk"`
+			ChosenBy  string   `json:"chosen_by"`
 			Wiped     []string `json:"wiped"`
 			Warnings  []string `json:"warnings"`
 			BootOrder string   `json:"boot_order"`
