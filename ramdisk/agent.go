@@ -172,8 +172,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.deployer = a.Deployer
 	if a.deployer == nil {
-		uefi, uefiErr := UEFIVars()
-		a.deployer = &deploy.Deployer{UEFI: uefi, UEFIErr: uefiErr, NICs: hostMACs(), Proxy: a.Params.Proxy, AllowHTTP: a.AllowHTTP || a.Params.Proxy != nil,
+		a.deployer = &deploy.Deployer{ Proxy: a.Params.Proxy, AllowHTTP: a.AllowHTTP || a.Params.Proxy != nil,
 			Machine: a.machine, Log: a.log,
 			NodeAgentTrust: func(chain []*x509.Certificate, serverName string) error {
 				return agent.VerifyPinnedChain(chain, a.Params.Pins.ServingCA, serverName, time.Now())
@@ -187,6 +186,11 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	if err := sys.Prepare(ctx, a.log); err != nil {
 		a.log.Warn("preparing the machine failed; going on", "error", err.Error())
+	}
+	if d, ok := a.deployer.(*deploy.Deployer); ok && a.Deployer == nil {
+		// After Prepare: it loads efivarfs and mounts it.
+		d.UEFI, d.UEFIErr = UEFIVars()
+		d.NICs = hostMACs()
 	}
 	if err := a.reachGateway(ctx, sys); err != nil {
 		return err
