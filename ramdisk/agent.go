@@ -172,7 +172,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.deployer = a.Deployer
 	if a.deployer == nil {
-		a.deployer = &deploy.Deployer{ Proxy: a.Params.Proxy, AllowHTTP: a.AllowHTTP || a.Params.Proxy != nil,
+		a.deployer = &deploy.Deployer{Proxy: a.Params.Proxy, AllowHTTP: a.AllowHTTP || a.Params.Proxy != nil,
 			Machine: a.machine, Log: a.log,
 			NodeAgentTrust: func(chain []*x509.Certificate, serverName string) error {
 				return agent.VerifyPinnedChain(chain, a.Params.Pins.ServingCA, serverName, time.Now())
