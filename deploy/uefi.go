@@ -36,11 +36,11 @@ func (d *Deployer) planBoot(ctx context.Context, in *installed, p *Request, res 
 		}
 		return nil
 	}
-	os, why := d.osBootEntry(ctx, in, p)
+	entry, why := d.osBootEntry(ctx, in, p)
 	if why != "" {
 		res.Warnings = append(res.Warnings, "no UEFI boot entry was written for the OS: "+why)
 	}
-	plan, err := efiboot.Prepare(d.UEFI, d.NICs, os)
+	plan, err := efiboot.Prepare(d.UEFI, d.NICs, entry)
 	if err != nil {
 		res.Warnings = append(res.Warnings, fmt.Sprintf("the UEFI boot order was not kept: %v", err))
 		return nil

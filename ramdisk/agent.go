@@ -187,15 +187,20 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := sys.Prepare(ctx, a.log); err != nil {
 		a.log.Warn("preparing the machine failed; going on", "error", err.Error())
 	}
-	if d, ok := a.deployer.(*deploy.Deployer); ok && a.Deployer == nil {
-		// After Prepare: it loads efivarfs and mounts it.
-		d.UEFI, d.UEFIErr = UEFIVars()
-		d.NICs = hostMACs()
-	}
 	if err := a.reachGateway(ctx, sys); err != nil {
 		return err
 	}
 	claims := a.claims(ctx)
+	if d, ok := a.deployer.(*deploy.Deployer); ok && a.Deployer == nil {
+		// After Prepare, which loads efivarfs and mounts it; the NICs are the
+		// claims', to find their network boot entries.
+		d.UEFI, d.UEFIErr = UEFIVars()
+		for _, m := range claims.MACs {
+			if hw, err := net.ParseMAC(m); err == nil {
+				d.NICs = append(d.NICs, hw)
+			}
+		}
+	}
 	a.log.Info("hardware claims", "macs", claims.MACs, "system_uuid", claims.SystemUUID, "system_serial", claims.SystemSerial,
 		"cpus", claims.CPUs, "memory_bytes", claims.MemoryBytes, "disks", len(claims.Disks), "gpus", len(claims.GPUs))
 
@@ -589,16 +594,3 @@ func (a *Agent) finish() { a.doneOnce.Do(func() { close(a.done) }) }
 
 // The real deployer loads installed kernels, so machine.kexec works with it.
 var _ InstalledLoader = (*deploy.Deployer)(nil)
-
-// hostMACs are the machine's Ethernet NICs' addresses, for the deploy to find
-// their network boot entries.
-func hostMACs() []net.HardwareAddr {
-	ifs, _ := net.Interfaces()
-	var out []net.HardwareAddr
-	for _, i := range ifs {
-		if len(i.HardwareAddr) == 6 && i.Flags&net.FlagLoopback == 0 {
-			out = append(out, i.HardwareAddr)
-		}
-	}
-	return out
-}

@@ -107,6 +107,8 @@ func (m *HostSystem) Prepare(ctx context.Context, log *slog.Logger) error {
 	if err := mountMissing(log); err != nil {
 		log.Warn("could not mount everything the ramdisk expects", "error", err.Error())
 	}
+	// Last, on every return: a built-in efivarfs needs no module index.
+	defer mountEFIVars(log)
 	dir := m.ModulesDir
 	if dir == "" {
 		rel, err := kmod.Release()
@@ -123,12 +125,11 @@ func (m *HostSystem) Prepare(ctx context.Context, log *slog.Logger) error {
 	extra := m.ExtraModules
 	if extra == nil {
 		extra = []string{"ext4", "vfat"}
-		if isUEFI() {
+		if efiboot.Booted() {
 			// Debian builds efivarfs as a module: a deploy writes the boot order through it.
 			extra = append(extra, "efivarfs")
 		}
 	}
-	defer mountEFIVars(log)
 	start := time.Now()
 	p := &kmod.Prober{Index: ix, Extra: extra, Log: log}
 	rep, err := p.Run(ctx)
@@ -154,15 +155,9 @@ func (m *HostSystem) Network(ctx context.Context, lg *slog.Logger) error {
 	return err
 }
 
-// isUEFI reports whether the machine booted through UEFI firmware.
-func isUEFI() bool {
-	_, err := os.Stat("/sys/firmware/efi")
-	return err == nil
-}
-
 // mountEFIVars mounts efivarfs on a UEFI machine, once its module is loaded.
 func mountEFIVars(log *slog.Logger) {
-	if !isUEFI() {
+	if !efiboot.Booted() {
 		return
 	}
 	if _, err := efiboot.Open("", false); err == nil {
@@ -177,7 +172,7 @@ func mountEFIVars(log *slog.Logger) {
 
 // UEFIVars opens the firmware's boot variables for a deploy: nil, nil on BIOS.
 func UEFIVars() (efivarfs.EFIVar, error) {
-	if !isUEFI() {
+	if !efiboot.Booted() {
 		return nil, nil
 	}
 	return efiboot.Open("", false)

@@ -483,3 +483,38 @@ func TestDebianStockConsoleCheck(t *testing.T) {
 		}
 	}
 }
+
+// TestDebianStockEFIReportCheck: the boot order check fails when the disk or
+// grub-install is first, with no or two bcd entries, and when grub-install is
+// not second where it must be; it passes on a report as efibootmgr prints it.
+func TestDebianStockEFIReportCheck(t *testing.T) {
+	mac := "52:54:00:31:18:02"
+	report := func(order string, extra ...string) string {
+		lines := []string{"BootCurrent: 0003", "BootOrder: " + order, "Boot0002* UEFI Misc Device",
+			"Boot0003* UEFI PXEv4 (MAC:525400311802)", "Boot0009* bcd: debian-stock.qcow2", "Boot000A* grub-install"}
+		lines = append(lines, extra...)
+		out := ""
+		for _, l := range lines {
+			out += "bcd-lab: efi: " + l + "\r\n"
+		}
+		return out + "bcd-lab: efi report end\r\n"
+	}
+	if r, err := checkEFIReport(report("0003,000A,0009,0002"), mac, "grub-install"); err != nil || r.bcdEntry != "0009" {
+		t.Fatalf("%v %v", r, err)
+	}
+	for name, tc := range map[string]struct{ serial, second string }{
+		"disk first":              {report("0002,0003,0009"), ""},
+		"grub-install first":      {report("000A,0003,0009"), ""},
+		"two bcd entries":         {report("0003,0009", "Boot000B* bcd: old"), ""},
+		"grub-install not second": {report("0003,0009,000A"), "grub-install"},
+		"no report":               {"bcd-lab: hostname: x\r\n", ""},
+	} {
+		if _, err := checkEFIReport(tc.serial, mac, tc.second); err == nil {
+			t.Errorf("%s: passed", name)
+		}
+	}
+	// The last report counts: an earlier good one does not hide a bad one.
+	if _, err := checkEFIReport(report("0003,0009")+report("0002,0003,0009"), mac, ""); err == nil {
+		t.Error("a bad last report passed")
+	}
+}

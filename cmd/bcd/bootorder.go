@@ -22,7 +22,7 @@ func newBootOrderCmd() *cobra.Command {
 	var dirVars bool
 	open := func() (efivarfs.EFIVar, error) {
 		if dir == "" && !dirVars {
-			if _, err := os.Stat("/sys/firmware/efi"); err != nil {
+			if !efiboot.Booted() {
 				return nil, errors.New("this machine did not boot through UEFI (no /sys/firmware/efi): it has no boot order to keep")
 			}
 		}

@@ -77,6 +77,13 @@ func (d DirVars) List() ([]efivarfs.VariableDescriptor, error) {
 	return out, nil
 }
 
+// Booted reports whether this machine booted through UEFI firmware (Linux
+// shows /sys/firmware/efi then).
+func Booted() bool {
+	_, err := os.Stat("/sys/firmware/efi")
+	return err == nil
+}
+
 // Open returns the kernel's efivarfs at dir ("" is /sys/firmware/efi/efivars),
 // or, with dirVars, a DirVars there.
 func Open(dir string, dirVars bool) (efivarfs.EFIVar, error) {

@@ -81,11 +81,11 @@ var ErrNoNetworkEntry = errors.New("the firmware has no network boot entry (Boot
 
 // Prepare reads the boot variables and works out the order a deploy leaves:
 // the network entry that brought the machine here (one of macs' when it is not
-// BootCurrent), then the installed OS's entry (os; nil writes none), then
+// BootCurrent), then the installed OS's entry (osEntry; nil writes none), then
 // whatever BootOrder held, in its order. bcd's entries from earlier deploys and
 // entries with the same device path as the new one are removed, so a redeploy
 // keeps one; the first of them keeps its number.
-func Prepare(v efivarfs.EFIVar, macs []net.HardwareAddr, os *OSEntry) (*Plan, error) {
+func Prepare(v efivarfs.EFIVar, macs []net.HardwareAddr, osEntry *OSEntry) (*Plan, error) {
 	t, err := Read(v)
 	if err != nil {
 		return nil, err
@@ -96,8 +96,8 @@ func Prepare(v efivarfs.EFIVar, macs []net.HardwareAddr, os *OSEntry) (*Plan, er
 	}
 	p := &Plan{table: t, leader: leader}
 	order := []uint16{leader}
-	if os != nil {
-		lo := LoadOption{Attributes: LoadOptionActive, Description: os.Description, FilePath: os.FilePath}
+	if osEntry != nil {
+		lo := LoadOption{Attributes: LoadOptionActive, Description: osEntry.Description, FilePath: osEntry.FilePath}
 		p.os = &lo
 		var ours []uint16
 		for _, n := range t.numbers() {
@@ -105,7 +105,7 @@ func Prepare(v efivarfs.EFIVar, macs []net.HardwareAddr, os *OSEntry) (*Plan, er
 			if n == leader || e.Err != nil {
 				continue
 			}
-			if strings.HasPrefix(e.Option.Description, OSPrefix) || bytes.Equal(e.Option.FilePath, os.FilePath) {
+			if strings.HasPrefix(e.Option.Description, OSPrefix) || bytes.Equal(e.Option.FilePath, osEntry.FilePath) {
 				ours = append(ours, n)
 			}
 		}
